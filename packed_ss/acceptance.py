@@ -1,0 +1,48 @@
+"""Left-to-right verification of a draft: greedy matching or rejection sampling against the stored Q.
+
+Given the verifier's logits at the B = W+1 rows [last prefix token, d_1 .. d_W], returns the emitted
+tokens C (only the first A are meaningful) and A = h + 1, where h is the accepted draft prefix and the
+last emitted token is the correction (after a rejection) or the bonus (after full acceptance).
+"""
+from __future__ import annotations
+
+import torch
+
+from .sampling import SamplingParams, densify, inverse_cdf, truncated_probs
+
+
+def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True in a [W] bool tensor."""
+    return accept.long().cumprod(0).sum()
+
+
+def verify_greedy(draft, draft_len, logits):
+    """Accept the leading draft tokens equal to the verifier argmax; emit the argmax after them."""
+    v = logits.argmax(-1)
+    w = draft.shape[0]
+    match = (draft == v[:w]) & (torch.arange(w, device=draft.device) < draft_len)
+    return v, _accepted_prefix(match) + 1
+
+
+def verify_sampled(draft, draft_len, q_idx, q_prob, logits, u, params: SamplingParams):
+    """Rejection sampling (paper Alg. 2, lines 5-8) against the *stored* proposal distributions.
+
+    draft [W], q_idx / q_prob [W, K]: the sparse Q each draft token was drawn from; u [W + 1] uniforms.
+    Accept d_i while u_i * Q_i(d_i) < p_i(d_i); at the first rejection draw from max(p - Q, 0),
+    after full acceptance draw the bonus from p.
+    """
+    w, vocab = draft.shape[0], logits.shape[-1]
+    p = densify(*truncated_probs(logits, params), vocab)                      # [W+1, V]
+    rows = torch.arange(w, device=draft.device)
+    p_d = p[rows, draft]
+    q_d = (q_prob * (q_idx == draft[:, None])).sum(-1).to(p.dtype)
+    accept = (u[:w].to(p.dtype) * q_d < p_d) & (rows < draft_len)
+    h = _accepted_prefix(accept)
+    p_h = p[h]
+    hq = h.clamp(max=w - 1)
+    q_h = densify(q_idx[hq], q_prob[hq].to(p.dtype), vocab)
+    residual = torch.where(h < draft_len, (p_h - q_h).clamp(min=0), p_h)
+    residual = torch.where(residual.sum() > 0, residual, p_h)  # p == Q up to rounding: fall back to p
+    c = inverse_cdf(residual, u[w])
+    emitted = torch.where(torch.arange(w + 1, device=draft.device) < h, torch.cat([draft, draft[:1]]), c)
+    return emitted, h + 1

@@ -1,0 +1,63 @@
+"""Packed attention over a KV cache: the plain-torch reference (CPU backend and test oracle).
+
+One call of the engine processes R rows. The first `n_anchor` rows are *anchors*: causal rows whose
+K/V belong in the cache (prompt rows, the verifier region, quadratic anchors). They are written in place
+into cache slots `cache_len .. cache_len + n_anchor - 1` before attention. The remaining rows are
+*scratch* rows (drafting masks); their K/V never touch the cache.
+
+The mask is never materialised by the caller; it follows from O(rows) metadata:
+- row r sees cache slot j  iff  j < cache_len + see[r] + 1   (anchors: see[r] = r, i.e. causal;
+  a scratch row sees the cache plus the anchors up to see[r], -1 for none);
+- scratch rows r, c see each other iff seg[r] == seg[c]       (anchors have seg 0, scratch seg >= 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Layout:
+    """Static shape of one call: anchors first, then scratch rows grouped by segment id."""
+    n_anchor: int
+    seg: torch.Tensor   # [R] int64, 0 for anchors, >= 1 for scratch rows
+    see: torch.Tensor   # [R] int64, last visible anchor index relative to cache_len (-1: cache only)
+
+    @property
+    def rows(self) -> int:
+        return self.seg.numel()
+
+    def to(self, device) -> "Layout":
+        return Layout(self.n_anchor, self.seg.to(device), self.see.to(device))
+
+
+def dense_mask(layout: Layout, cache_len: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Boolean [R, capacity + scratch] mask equivalent to the metadata rule (for SDPA and for tests)."""
+    slots = torch.arange(capacity, device=layout.seg.device)
+    cache_vis = slots[None, :] < (cache_len + layout.see + 1)[:, None]
+    scratch_seg = layout.seg[layout.n_anchor:]
+    scratch_vis = (layout.seg[:, None] == scratch_seg[None, :]) & (layout.seg[:, None] > 0)
+    return torch.cat([cache_vis, scratch_vis], dim=1)
+
+
+def write_anchors(k_cache, v_cache, k, v, cache_len: torch.Tensor, n_anchor: int) -> None:
+    """Write the anchors' K/V ([R, Hkv, D]) into cache slots cache_len + i ([Hkv, S, D] caches)."""
+    if n_anchor == 0:
+        return
+    slots = cache_len + torch.arange(n_anchor, device=k.device)
+    k_cache.index_copy_(1, slots, k[:n_anchor].transpose(0, 1))
+    v_cache.index_copy_(1, slots, v[:n_anchor].transpose(0, 1))
+
+
+def packed_attention_ref(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale: float):
+    """q [R, H, D], k/v [R, Hkv, D]; caches [Hkv, S, D] (anchors written in place). Returns [R, H, D]."""
+    write_anchors(k_cache, v_cache, k, v, cache_len, layout.n_anchor)
+    n = layout.n_anchor
+    keys = torch.cat([k_cache, k[n:].transpose(0, 1)], dim=1)
+    values = torch.cat([v_cache, v[n:].transpose(0, 1)], dim=1)
+    mask = dense_mask(layout, cache_len, k_cache.shape[1])
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask[None],
+                                         scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)

@@ -1,0 +1,154 @@
+"""The decode loop: a prefill call, then the schedule's fixed-shape steps until the stop flag is set."""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .model import DualModeModel, KVCache
+from .sampling import SamplingParams
+from .schedules import SCHEDULES, Schedule
+from .state import DecodeState
+
+MAX_WIDTH = 64
+
+
+@dataclass
+class GenerateResult:
+    tokens: list[int]     # generated tokens only, a stop token included when one was emitted
+    nfe: int              # model forward passes, prompt processing included
+    wall_s: float         # decoder wall time (prefill and every step)
+    model_s: float        # the part of wall_s spent in model calls
+    n_verify: int = 0     # verification calls (speculative schedules)
+    n_accepted: int = 0   # draft tokens accepted over all verifications
+
+    @property
+    def tokens_per_nfe(self) -> float:
+        return len(self.tokens) / self.nfe if self.nfe else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean accepted draft tokens per verification call."""
+        return self.n_accepted / self.n_verify if self.n_verify else 0.0
+
+
+def _check_int(name, value, low, high=None):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+
+
+class Engine:
+    """Generates with one schedule and width on one model; reusable across `generate` calls."""
+
+    def __init__(self, model: DualModeModel, schedule: str = "packed", width: int = 8,
+                 compile: bool = False, max_seq_len: int | None = None):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+        _check_int("width", width, 1, MAX_WIDTH)
+        self.model, self.schedule_name, self.width = model, schedule, width
+        self.max_seq_len = max_seq_len or model.cfg.max_seq_len
+        _check_int("max_seq_len", self.max_seq_len, 2)
+        self.compile = compile
+        self._cache: KVCache | None = None
+        self._schedules: dict[SamplingParams, Schedule] = {}
+
+    def _schedule(self, params: SamplingParams) -> Schedule:
+        if params not in self._schedules:
+            sched = SCHEDULES[self.schedule_name](self.model, self.width, params)
+            if self.compile:
+                for step in sched.steps:
+                    step.run = torch.compile(self._runner(step), fullgraph=True)
+            self._schedules[params] = sched
+        return self._schedules[params]
+
+    def _cache_for(self, capacity: int) -> KVCache:
+        if self._cache is None or self._cache.capacity < capacity:
+            self._cache = self.model.new_cache(256 * math.ceil(capacity / 256))
+        return self._cache
+
+    def _runner(self, step):
+        def run(st: DecodeState, cache: KVCache) -> None:
+            tokens, positions = step.inputs(st)
+            step.update(st, self.model(tokens, positions, step.layout, cache, st.cache_len))
+        return run
+
+    def _validate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop_ids):
+        vocab = self.model.cfg.vocab_size
+        if len(prompt) == 0:
+            raise ValueError("prompt_ids must contain at least one token")
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
+            raise ValueError(f"prompt_ids must be token ids in [0, {vocab})")
+        _check_int("max_new_tokens", max_new_tokens, 1)
+        if len(prompt) + max_new_tokens > self.max_seq_len:
+            raise ValueError(f"prompt length {len(prompt)} + max_new_tokens {max_new_tokens} exceeds the "
+                             f"engine's max_seq_len {self.max_seq_len}")
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        if top_k is not None:
+            _check_int("top_k", top_k, 1)
+        if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        if seed is not None:
+            _check_int("seed", seed, 0, 2**63 - 1)
+        for t in stop_ids:
+            _check_int("stop token id", t, 0, vocab - 1)
+
+    def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 eos_token_id: int | list[int] | None = None,
+                 stop_token_ids: list[int] | None = None) -> GenerateResult:
+        """Decode up to `max_new_tokens` after `prompt_ids`; stops after the first accepted stop token.
+
+        Stop tokens are `stop_token_ids` plus `eos_token_id` (default: the model config's EOS ids).
+        Temperature 0 is greedy decoding; otherwise tokens follow the AR distribution after
+        temperature, top-k and top-p, exactly, whatever the schedule.
+        """
+        prompt = [int(t) for t in (prompt_ids.tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
+        if eos_token_id is None:
+            eos = list(self.model.cfg.eos_token_ids)
+        else:
+            eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+        stop_ids = sorted(set(eos) | set(stop_token_ids or []))
+        self._validate(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop_ids)
+        params = SamplingParams(float(temperature), top_k, None if top_p == 1 else top_p)
+        if seed is None:
+            seed = int.from_bytes(os.urandom(7), "little")
+
+        device = self.model.device
+        sched = self._schedule(params)
+        cache = self._cache_for(len(prompt) + max_new_tokens + 2 * sched.block)
+        st = DecodeState.new(self.width, params.support(self.model.cfg.vocab_size) if not params.greedy else 1,
+                             max_new_tokens, stop_ids, seed, device)
+        model_s = 0.0
+        start = time.perf_counter()
+        with torch.inference_mode():
+            prompt_t = torch.tensor(prompt, dtype=torch.int64, device=device)
+            prefill = sched.prefill(st, prompt_t)
+            t0 = time.perf_counter()
+            logits = self.model(*prefill.inputs(st), prefill.layout, cache, st.cache_len)
+            model_s += time.perf_counter() - t0
+            prefill.update(st, logits)
+            rounds = 0
+            while not bool(st.done):
+                rounds += 1
+                if rounds > max_new_tokens:   # every active round emits >= 1 token
+                    raise RuntimeError("decoder made no progress; this is a bug")
+                for step in sched.steps:
+                    if self.compile:
+                        step.run(st, cache)
+                    else:
+                        tokens, positions = step.inputs(st)
+                        t0 = time.perf_counter()
+                        logits = self.model(tokens, positions, step.layout, cache, st.cache_len)
+                        model_s += time.perf_counter() - t0
+                        step.update(st, logits)
+                    if bool(st.done):
+                        break
+            n_out = int(st.n_out)
+            tokens = st.out[:n_out].tolist()
+        return GenerateResult(tokens, int(st.nfe), time.perf_counter() - start, model_s,
+                              int(st.n_verify), int(st.n_accepted))

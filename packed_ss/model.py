@@ -1,0 +1,150 @@
+"""Dual-mode decoder (Llama / Mistral / Qwen3 family) that evaluates one packed call per forward.
+
+Both modes share every weight; they differ only in the attention pattern given by the call's Layout
+(see attention.py). AR rows predict the token after their position, mask rows predict their own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import Layout, packed_attention_ref
+from .config import ModelConfig
+from .rope import apply_rope, has_llama4_scale, llama4_query_scale, rope_cos_sin, rope_inv_freq
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float() if x.element_size() < 4 else x  # statistics in at least float32
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, bias = cfg.head_dim, cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, q_scale, k_cache, v_cache, cache_len, layout, attend):
+        rows, d = x.shape[0], self.cfg.head_dim
+        q = self.q_proj(x).view(rows, -1, d)
+        k = self.k_proj(x).view(rows, -1, d)
+        v = self.v_proj(x).view(rows, -1, d)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if q_scale is not None:
+            q = q * q_scale
+        out = attend(q, k, v, k_cache, v_cache, cache_len, layout, d ** -0.5)
+        return self.o_proj(out.reshape(rows, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, i, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, q_scale, k_cache, v_cache, cache_len, layout, attend):
+        x = x + self.self_attn(self.input_layernorm(x), rope, q_scale, k_cache, v_cache, cache_len,
+                               layout, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class KVCache:
+    """Per-layer keys and values, [layers, kv_heads, capacity, head_dim] each."""
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+
+class DualModeModel(nn.Module):
+    """Parameter names follow HF (`model.layers.N.self_attn.q_proj.weight`, `lm_head.weight`)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        inv_freq, self.rope_scaling = rope_inv_freq(cfg)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attend = packed_attention_ref
+
+    def _apply(self, fn, recurse=True):
+        # Keep the rope frequencies in float32 whatever the model dtype (HF computes them that way).
+        super()._apply(fn, recurse)
+        self.inv_freq = self.inv_freq.float()
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self, capacity: int) -> KVCache:
+        c = self.cfg
+        shape = (c.num_layers, c.num_kv_heads, capacity, c.head_dim)
+        return KVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                       torch.zeros(shape, dtype=self.dtype, device=self.device))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, layout: Layout, cache: KVCache,
+                cache_len: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] for one packed call; anchors' K/V are written into `cache`."""
+        x = self.model.embed_tokens(tokens)
+        rope = rope_cos_sin(self.inv_freq, self.rope_scaling, positions, x.dtype)
+        q_scale = None
+        if has_llama4_scale(self.cfg):
+            p = self.cfg.rope_parameters
+            q_scale = llama4_query_scale(positions, p["llama_4_scaling_beta"],
+                                         p["original_max_position_embeddings"], x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, rope, q_scale, cache.k[i], cache.v[i], cache_len, layout, self.attend)
+        return self.lm_head(self.model.norm(x))

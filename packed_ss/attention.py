@@ -61,3 +61,16 @@ def packed_attention_ref(q, k, v, k_cache, v_cache, cache_len, layout: Layout, s
     out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask[None],
                                          scale=scale, enable_gqa=True)
     return out.transpose(0, 1)
+
+
+BACKENDS = ("torch", "triton")
+
+
+def attention_backend(name: str):
+    """The packed-attention function for a backend name: "torch" (reference) or "triton" (fused)."""
+    if name == "torch":
+        return packed_attention_ref
+    if name == "triton":
+        from .kernels.attention import packed_attention
+        return packed_attention
+    raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention import attention_backend
 from .model import DualModeModel, KVCache
 from .sampling import SamplingParams
 from .schedules import SCHEDULES, Schedule
@@ -45,7 +46,7 @@ class Engine:
     """Generates with one schedule and width on one model; reusable across `generate` calls."""
 
     def __init__(self, model: DualModeModel, schedule: str = "packed", width: int = 8,
-                 compile: bool = False, max_seq_len: int | None = None):
+                 backend: str | None = None, compile: bool = False, max_seq_len: int | None = None):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
         _check_int("width", width, 1, MAX_WIDTH)
@@ -53,6 +54,8 @@ class Engine:
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         _check_int("max_seq_len", self.max_seq_len, 2)
         self.compile = compile
+        self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
+        self.attend = attention_backend(self.backend)
         self._cache: KVCache | None = None
         self._schedules: dict[SamplingParams, Schedule] = {}
 
@@ -65,6 +68,9 @@ class Engine:
             self._schedules[params] = sched
         return self._schedules[params]
 
+    def _call(self, tokens, positions, layout, cache, cache_len):
+        return self.model(tokens, positions, layout, cache, cache_len, attend=self.attend)
+
     def _cache_for(self, capacity: int) -> KVCache:
         if self._cache is None or self._cache.capacity < capacity:
             self._cache = self.model.new_cache(256 * math.ceil(capacity / 256))
@@ -73,7 +79,7 @@ class Engine:
     def _runner(self, step):
         def run(st: DecodeState, cache: KVCache) -> None:
             tokens, positions = step.inputs(st)
-            step.update(st, self.model(tokens, positions, step.layout, cache, st.cache_len))
+            step.update(st, self._call(tokens, positions, step.layout, cache, st.cache_len))
         return run
 
     def _validate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop_ids):
@@ -129,7 +135,7 @@ class Engine:
             prompt_t = torch.tensor(prompt, dtype=torch.int64, device=device)
             prefill = sched.prefill(st, prompt_t)
             t0 = time.perf_counter()
-            logits = self.model(*prefill.inputs(st), prefill.layout, cache, st.cache_len)
+            logits = self._call(*prefill.inputs(st), prefill.layout, cache, st.cache_len)
             model_s += time.perf_counter() - t0
             prefill.update(st, logits)
             rounds = 0
@@ -143,7 +149,7 @@ class Engine:
                     else:
                         tokens, positions = step.inputs(st)
                         t0 = time.perf_counter()
-                        logits = self.model(tokens, positions, step.layout, cache, st.cache_len)
+                        logits = self._call(tokens, positions, step.layout, cache, st.cache_len)
                         model_s += time.perf_counter() - t0
                         step.update(st, logits)
                     if bool(st.done):

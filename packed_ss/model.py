@@ -113,7 +113,6 @@ class DualModeModel(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         inv_freq, self.rope_scaling = rope_inv_freq(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.attend = packed_attention_ref
 
     def _apply(self, fn, recurse=True):
         # Keep the rope frequencies in float32 whatever the model dtype (HF computes them that way).
@@ -136,8 +135,11 @@ class DualModeModel(nn.Module):
                        torch.zeros(shape, dtype=self.dtype, device=self.device))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, layout: Layout, cache: KVCache,
-                cache_len: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, vocab] for one packed call; anchors' K/V are written into `cache`."""
+                cache_len: torch.Tensor, attend=packed_attention_ref) -> torch.Tensor:
+        """Logits [rows, vocab] for one packed call; anchors' K/V are written into `cache`.
+
+        `attend` is the packed-attention backend (torch reference or a fused kernel, same contract).
+        """
         x = self.model.embed_tokens(tokens)
         rope = rope_cos_sin(self.inv_freq, self.rope_scaling, positions, x.dtype)
         q_scale = None
@@ -146,5 +148,5 @@ class DualModeModel(nn.Module):
             q_scale = llama4_query_scale(positions, p["llama_4_scaling_beta"],
                                          p["original_max_position_embeddings"], x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, q_scale, cache.k[i], cache.v[i], cache_len, layout, self.attend)
+            x = layer(x, rope, q_scale, cache.k[i], cache.v[i], cache_len, layout, attend)
         return self.lm_head(self.model.norm(x))

@@ -195,8 +195,8 @@ def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale
     group = heads // kv_heads
     block_d = max(16, triton.next_power_of_2(dim))
     interp = _interpreting()
-    block_n = block_n or (128 if interp else 64)
-    block_m = block_m or max(16, min(64, triton.next_power_of_2(rows * group)))
+    block_n = block_n or (128 if interp else 64)   # the interpreter's cost is per op: big blocks
+    block_m = block_m or max(16, min(128 if interp else 64, triton.next_power_of_2(rows * group)))
     m_blocks = triton.cdiv(rows * group, block_m)
     splits = num_splits or _default_splits(q.device, m_blocks * kv_heads, capacity, block_n)
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One prepared device check for an H200 (or any CUDA machine): install packed-ss without network, run the
+# kernel tests on CUDA (fp32, bf16, fp16 against the torch reference; triton vs torch decoding), then the
+# packed-attention benchmark with a launch-config sweep. Everything lands in $OUT (at most 6 files).
+#
+# Written for the device image (python3 = /opt/torch/.venv, torch 2.11 + cu130, triton 3.6, numpy 2.5;
+# no flash-attn): nothing is fetched; stage time limits leave room to rerun inside one 10-minute call.
+#   run: command="bash bench/gpu_check.sh", timeout_s=600
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  $PY -c "import sys, torch, triton, numpy, transformers; print(sys.version); print('torch', torch.__version__, \
+'cuda', torch.version.cuda, 'triton', triton.__version__, 'numpy', numpy.__version__, 'transformers', \
+transformers.__version__); print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"
+} 2>&1 | tee "$OUT/env.txt"
+
+# Install (no index, no build isolation: the image's setuptools builds it). A copy of the sources with
+# kernels/ placed at packed_ss/kernels is the fallback if pip cannot build here.
+cd /tmp || exit 1
+if ! $PY -m pip install -q --no-deps --no-build-isolation --no-index "$REPO" >>"$OUT/env.txt" 2>&1 \
+   || ! $PY -c "import packed_ss.kernels.attention" >>"$OUT/env.txt" 2>&1; then
+  echo "pip install failed; using a source copy on PYTHONPATH" | tee -a "$OUT/env.txt"
+  rm -rf /tmp/pss && mkdir -p /tmp/pss && cp -r "$REPO/packed_ss" /tmp/pss/ && cp -r "$REPO/kernels" /tmp/pss/packed_ss/kernels
+  export PYTHONPATH=/tmp/pss
+fi
+$PY -c "import packed_ss.kernels.attention as m; print('packed_ss.kernels from', m.__file__)" 2>&1 | tee -a "$OUT/env.txt"
+
+# Tests run from /tmp so that the repo's own packed_ss/ (which has no kernels/) cannot shadow the install.
+timeout 240 $PY -m pytest -q -p no:cacheprovider "$REPO/tests/test_kernels.py" --durations=10 \
+  --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
+echo "tests exit: ${PIPESTATUS[0]}" | tee -a "$OUT/tests.log"
+
+timeout 240 $PY "$REPO/bench/attention.py" --sweep --out "$OUT/attention.json" 2>&1 | tee "$OUT/bench.log"
+echo "bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"

@@ -194,7 +194,7 @@ def bench_length(case, timer, methods, skipped):
 def sweep(case, timer, skipped):
     """Fused-kernel launch configurations at one cached length (the defaults were chosen without a GPU)."""
     results = []
-    for bm in (32, 64):
+    for bm in (32, 64, 128):
         for bn in (64, 128):
             for splits in (1, 4, 8, 16):
                 for warps in (4, 8):
@@ -217,6 +217,8 @@ def main():
     args.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gpu = args.device.type == "cuda"
     args.dtype = torch.bfloat16 if gpu else torch.float32
+    if not gpu:
+        torch.set_num_threads(1)                     # spinning intra-op threads on a shared CPU swamp timings
     if args.quick:
         args.heads, args.kv_heads, args.head_dim, args.block = 8, 2, 64, 8
         lengths = args.lengths or [256, 512, 1024]
@@ -240,40 +242,40 @@ def main():
     except ImportError:
         skipped.append("flash_attn: not importable")
 
-    results, meta, case = [], {}, None
-    for n in lengths:
-        case = Case(args, n)
-        meta[n] = dict(layers=case.layers, kv_bytes=case.kv_bytes)
-        results += bench_length(case, timer, methods, skipped)
     report = dict(device=torch.cuda.get_device_name() if gpu else "cpu", torch=torch.__version__,
                   dtype=str(args.dtype), shape=dict(rows=2 * args.block, heads=args.heads,
                                                     kv_heads=args.kv_heads, head_dim=args.head_dim),
-                  results=results, layers=meta, skipped=skipped)
+                  results=[], layers={}, skipped=skipped)
     if gpu:
         import triton
         report["triton"] = triton.__version__
-    if args.sweep and gpu:
-        report["sweep"] = sweep(case, timer, skipped)
-
     print(f"{report['device']}  {report['dtype']}  rows={2 * args.block} H={args.heads} Hkv={args.kv_heads} "
           f"D={args.head_dim}")
     print(f"{'method':<12} {'cached':>7} {'us/call':>9} {'KV GB/s':>9} {'% copy':>7} {'max err':>9}  timing")
-    for r in results:
-        err = "-" if r["max_err"] is None else f"{r['max_err']:.2e}"
-        print(f"{r['method']:<12} {r['cache_len']:>7} {r['us']:>9.1f} {r['kv_GBps']:>9.1f} "
-              f"{r['pct_of_copy']:>6.1f}% {err:>9}  {r['timing']}")
-    if report.get("sweep"):
-        print(f"fused sweep at {lengths[-1]} cached, fastest first:")
-        for r in report["sweep"][:8]:
-            print("  " + "  ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
-    for s in skipped:
-        print("skipped:", s)
+    case = None
+    for n in lengths:                                # rows are printed as they come: a timeout keeps them
+        case = Case(args, n)
+        report["layers"][n] = dict(layers=case.layers, kv_bytes=case.kv_bytes)
+        for r in bench_length(case, timer, methods, skipped):
+            report["results"].append(r)
+            err = "-" if r["max_err"] is None else f"{r['max_err']:.2e}"
+            print(f"{r['method']:<12} {r['cache_len']:>7} {r['us']:>9.1f} {r['kv_GBps']:>9.1f} "
+                  f"{r['pct_of_copy']:>6.1f}% {err:>9}  {r['timing']}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     try:
-        plot(results, args.out.with_suffix(".png"), report)
+        plot(report["results"], args.out.with_suffix(".png"), report)
     except ImportError:
         print("no matplotlib: plot skipped")
+
+    if args.sweep and gpu:
+        report["sweep"] = sweep(case, timer, skipped)
+        print(f"fused sweep at {lengths[-1]} cached, fastest first:")
+        for r in report["sweep"][:8]:
+            print("  " + "  ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+        args.out.write_text(json.dumps(report, indent=1))
+    for s in skipped:
+        print("skipped:", s)
     print("wrote", args.out)
 
 

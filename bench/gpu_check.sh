@@ -5,7 +5,7 @@
 #
 # Written for the device image (python3 = /opt/torch/.venv, torch 2.11 + cu130, triton 3.6, numpy 2.5;
 # no flash-attn): nothing is fetched; stage time limits leave room to rerun inside one 10-minute call.
-#   run: command="bash bench/gpu_check.sh", timeout_s=600
+#   run: command="bash bench/gpu_check.sh", timeout_s=540 (stages stop at 4 + 4 minutes)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -32,8 +32,10 @@ if ! $PY -m pip install -q --no-deps --no-build-isolation --no-index "$REPO" >>"
 fi
 $PY -c "import packed_ss.kernels.attention as m; print('packed_ss.kernels from', m.__file__)" 2>&1 | tee -a "$OUT/env.txt"
 
-# Tests run from /tmp so that the repo's own packed_ss/ (which has no kernels/) cannot shadow the install.
-timeout 240 $PY -m pytest -q -p no:cacheprovider "$REPO/tests/test_kernels.py" --durations=10 \
+# Tests run from /tmp so that the repo's own packed_ss/ (which has no kernels/) cannot shadow the install;
+# pytest-xdist (on the image) spreads the Triton compiles over the CPUs.
+XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
+timeout 240 $PY -m pytest -q -p no:cacheprovider $XDIST "$REPO/tests/test_kernels.py" --durations=10 \
   --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
 echo "tests exit: ${PIPESTATUS[0]}" | tee -a "$OUT/tests.log"
 

@@ -160,3 +160,12 @@ def test_engine_greedy(tiny_model, schedule):
               for b in ("torch", "triton")}
     assert len(tokens["torch"]) > 1
     assert tokens["triton"] == tokens["torch"]
+
+
+@pytest.mark.skipif(not CUDA, reason="torch.compile of a Triton kernel needs a GPU")
+def test_engine_compiled(tiny_model):
+    """The fused kernel inside the engine's fullgraph-compiled step (what a CUDA graph will capture)."""
+    prompt = [5, 17, 3, 88, 41, 9, 60]
+    want = Engine(tiny_model, "packed", width=3, backend="torch").generate(prompt, max_new_tokens=8).tokens
+    got = Engine(tiny_model, "packed", width=3, backend="triton", compile=True).generate(prompt, max_new_tokens=8)
+    assert got.tokens == want

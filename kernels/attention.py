@@ -70,14 +70,14 @@ def _packed_attention_kernel(
     # In-place anchor commit: anchor block b goes to program b mod (programs of this KV head).
     me = pid_m * NUM_SPLITS + split
     n_prog = tl.num_programs(0) * NUM_SPLITS
-    for a0 in range(me * BLOCK_N, n_anchor, n_prog * BLOCK_N):
-        a = a0 + offs_n
-        ok = (a[:, None] < n_anchor) & d_ok
-        kk = tl.load(K + a[:, None] * s_kr + hkv * s_kh + offs_d[None, :], mask=ok)
-        vv = tl.load(V + a[:, None] * s_vr + hkv * s_vh + offs_d[None, :], mask=ok)
-        slot = cache_len + a
-        tl.store(KC + hkv * s_kch + slot[:, None] * s_kcs + offs_d[None, :], kk.to(KC.dtype.element_ty), mask=ok)
-        tl.store(VC + hkv * s_vch + slot[:, None] * s_vcs + offs_d[None, :], vv.to(VC.dtype.element_ty), mask=ok)
+    for w0 in range(me * BLOCK_N, n_anchor, n_prog * BLOCK_N):
+        w = w0 + offs_n
+        w_ok = (w[:, None] < n_anchor) & d_ok
+        kw = tl.load(K + w[:, None] * s_kr + hkv * s_kh + offs_d[None, :], mask=w_ok)
+        vw = tl.load(V + w[:, None] * s_vr + hkv * s_vh + offs_d[None, :], mask=w_ok)
+        slot = cache_len + w
+        tl.store(KC + hkv * s_kch + slot[:, None] * s_kcs + offs_d[None, :], kw.to(KC.dtype.element_ty), mask=w_ok)
+        tl.store(VC + hkv * s_vch + slot[:, None] * s_vcs + offs_d[None, :], vw.to(VC.dtype.element_ty), mask=w_ok)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row = offs_m // G

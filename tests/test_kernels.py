@@ -27,9 +27,9 @@ DEVICE = torch.device("cuda" if CUDA else "cpu")
 DTYPES = [torch.float32, torch.bfloat16, torch.float16] if CUDA else [torch.float32]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 PROMPT = 13
+CAPACITY = 512
 # Triton 3.6's interpreter turns 1-element arrays into loop bounds with a NumPy deprecation warning per use.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-CAPACITY = 512
 
 
 def engine_layout(kind: str, width: int):
@@ -79,8 +79,6 @@ def check_attention(kind, width, cache_len, group, dim=16, kv_heads=2, dtype=tor
 LAYOUTS = ["ar", "prefill", "prefill_draft", "packed", "linear_verify", "linear_draft", "quadratic"]
 # (cached length, GQA ratio): lengths 0, 1 and one that is no multiple of any block size, each ratio once.
 CACHED = [(0, 2), (1, 4), (203, 1)]
-
-
 # ar and prompt-only prefill do not depend on the width.
 CASES = [(kind, w) for kind in LAYOUTS for w in ([1] if kind in ("ar", "prefill") else [1, 3, 8, 31])]
 

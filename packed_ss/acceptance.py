@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import SamplingParams, densify, inverse_cdf, truncated_probs
+from .sampling import SamplingParams, densify, inverse_cdf, take, truncated_probs
 
 
 def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
@@ -38,9 +38,9 @@ def verify_sampled(draft, draft_len, q_idx, q_prob, logits, u, params: SamplingP
     q_d = (q_prob * (q_idx == draft[:, None])).sum(-1).to(p.dtype)
     accept = (u[:w].to(p.dtype) * q_d < p_d) & (rows < draft_len)
     h = _accepted_prefix(accept)
-    p_h = p[h]
+    p_h = take(p, h)
     hq = h.clamp(max=w - 1)
-    q_h = densify(q_idx[hq], q_prob[hq].to(p.dtype), vocab)
+    q_h = densify(take(q_idx, hq), take(q_prob, hq).to(p.dtype), vocab)
     residual = torch.where(h < draft_len, (p_h - q_h).clamp(min=0), p_h)
     residual = torch.where(residual.sum() > 0, residual, p_h)  # p == Q up to rounding: fall back to p
     c = inverse_cdf(residual, u[w])

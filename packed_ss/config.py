@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen3", "ministral3")
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class ModelConfig:
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
+    llama4_scaling: tuple[float, int] | None = None   # (beta, original_max_position_embeddings)
     model_type: str = "llama"
 
     @property
@@ -51,6 +52,12 @@ def _rope_parameters(raw: dict) -> dict:
     return params
 
 
+def _llama4_scaling(rope: dict) -> tuple[float, int] | None:
+    """Ministral3's query scale parameters, when the rope settings carry them."""
+    beta = rope.get("llama_4_scaling_beta")
+    return (float(beta), int(rope["original_max_position_embeddings"])) if beta else None
+
+
 def _require(raw: dict, keys, where: str):
     missing = [k for k in keys if raw.get(k) is None]
     if missing:
@@ -58,7 +65,7 @@ def _require(raw: dict, keys, where: str):
 
 
 def config_from_hf(raw: dict, where: str) -> ModelConfig:
-    """Parse a HF `config.json` (model_type llama / mistral / qwen3 with a `mask_token_id`)."""
+    """Parse a HF `config.json` (model_type llama / mistral / qwen3 / ministral3 plus a `mask_token_id`)."""
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
@@ -73,6 +80,7 @@ def config_from_hf(raw: dict, where: str) -> ModelConfig:
     if act != "silu":
         raise ValueError(f"{where}: hidden_act {act!r} is not supported (only 'silu', SwiGLU)")
     heads = raw["num_attention_heads"]
+    rope = _rope_parameters(raw)
     return ModelConfig(
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
@@ -85,12 +93,13 @@ def config_from_hf(raw: dict, where: str) -> ModelConfig:
         mask_token_id=raw["mask_token_id"],
         eos_token_ids=_eos_ids(raw.get("eos_token_id")),
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
-        rope_parameters=_rope_parameters(raw),
+        rope_parameters=rope,
         qk_norm=model_type == "qwen3",
         attention_bias=bool(raw.get("attention_bias", False)),
         mlp_bias=bool(raw.get("mlp_bias", False)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
+        llama4_scaling=_llama4_scaling(rope) if model_type == "ministral3" else None,
         model_type=model_type,
     )
 
@@ -102,6 +111,7 @@ NEMOTRON_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num
 def config_from_nemotron(raw: dict, where: str) -> ModelConfig:
     """Parse a Nemotron-Labs-Diffusion config (Ministral3 backbone, YaRN + Llama-4 query scale, untied head)."""
     _require(raw, NEMOTRON_KEYS, where)
+    rope = _rope_parameters(raw)
     return ModelConfig(
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
@@ -114,7 +124,8 @@ def config_from_nemotron(raw: dict, where: str) -> ModelConfig:
         mask_token_id=raw["mask_token_id"],
         eos_token_ids=_eos_ids(raw.get("eos_token_id", 11)),
         max_position_embeddings=raw.get("max_position_embeddings", 262144),
-        rope_parameters=_rope_parameters(raw),
+        rope_parameters=rope,
         tie_word_embeddings=False,
+        llama4_scaling=_llama4_scaling(rope),
         model_type="nemotron-diffusion",
     )

@@ -46,7 +46,9 @@ class Engine:
     """Generates with one schedule and width on one model; reusable across `generate` calls."""
 
     def __init__(self, model: DualModeModel, schedule: str = "packed", width: int = 8,
-                 backend: str | None = None, compile: bool = False, max_seq_len: int | None = None):
+                 backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None):
+        """`compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
+        torch.compile backend name); `max_seq_len` caps prompt + new tokens (default: the model's)."""
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
         _check_int("width", width, 1, MAX_WIDTH)
@@ -64,7 +66,8 @@ class Engine:
             sched = SCHEDULES[self.schedule_name](self.model, self.width, params)
             if self.compile:
                 for step in sched.steps:
-                    step.run = torch.compile(self._runner(step), fullgraph=True)
+                    backend = "inductor" if self.compile is True else self.compile
+                    step.run = torch.compile(self._runner(step), fullgraph=True, backend=backend)
             self._schedules[params] = sched
         return self._schedules[params]
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from .attention import Layout, packed_attention_ref
 from .config import ModelConfig
-from .rope import apply_rope, has_llama4_scale, llama4_query_scale, rope_cos_sin, rope_inv_freq
+from .rope import apply_rope, llama4_query_scale, rope_cos_sin, rope_inv_freq
 
 
 class RMSNorm(nn.Module):
@@ -111,7 +111,8 @@ class DualModeModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        inv_freq, self.rope_scaling = rope_inv_freq(cfg)
+        with torch.device("cpu"):   # real values even when the module is built on the meta device
+            inv_freq, self.rope_scaling = rope_inv_freq(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def _apply(self, fn, recurse=True):
@@ -143,10 +144,8 @@ class DualModeModel(nn.Module):
         x = self.model.embed_tokens(tokens)
         rope = rope_cos_sin(self.inv_freq, self.rope_scaling, positions, x.dtype)
         q_scale = None
-        if has_llama4_scale(self.cfg):
-            p = self.cfg.rope_parameters
-            q_scale = llama4_query_scale(positions, p["llama_4_scaling_beta"],
-                                         p["original_max_position_embeddings"], x.dtype)
+        if self.cfg.llama4_scaling:
+            q_scale = llama4_query_scale(positions, *self.cfg.llama4_scaling, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, rope, q_scale, cache.k[i], cache.v[i], cache_len, layout, attend)
         return self.lm_head(self.model.norm(x))

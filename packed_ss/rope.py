@@ -6,20 +6,19 @@ as HF does, then cast to the model dtype.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .config import ModelConfig
 
 
 def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
-    """(inv_freq [head_dim/2] float32 on the CPU, attention_scaling) for the config's rope type."""
+    """(inv_freq [head_dim/2] float32, attention_scaling) for the config's rope type."""
     params = cfg.rope_parameters
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         dim = cfg.head_dim
-        inv = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+        inv = 1.0 / (params["rope_theta"] ** exponents)
         return inv, 1.0
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -29,7 +28,7 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     hf = LlamaConfig(hidden_size=cfg.num_heads * cfg.head_dim, num_attention_heads=cfg.num_heads,
                      head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings,
                      rope_parameters={k: v for k, v in params.items() if k != "llama_4_scaling_beta"})
-    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
+    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf)
     return inv.float(), float(scaling)
 
 
@@ -51,8 +50,3 @@ def llama4_query_scale(positions: torch.Tensor, beta: float, original_max: int, 
     """Nemotron/Ministral3 query scale 1 + beta*log(1 + floor(pos / original_max)), keyed by absolute position."""
     scale = 1 + beta * torch.log(1 + torch.floor(positions.float() / original_max))
     return scale.to(dtype)[:, None, None]
-
-
-def has_llama4_scale(cfg: ModelConfig) -> bool:
-    beta = cfg.rope_parameters.get("llama_4_scaling_beta")
-    return bool(beta) and not math.isclose(beta, 0.0)

@@ -14,12 +14,32 @@ _PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 _PHILOX_W = (0x9E3779B9, 0xBB67AE85)
 
 
-def _mulhilo(a: int, b: torch.Tensor):
-    """(hi, lo) 32-bit halves of a * b for 32-bit values held in int64, without int64 overflow."""
-    t_lo = b * (a & 0xFFFF)      # < 2^48
-    t_hi = b * (a >> 16)         # < 2^48
+def _mulhilo(a_lo: torch.Tensor, a_hi: torch.Tensor, b: torch.Tensor):
+    """(hi, lo) 32-bit halves of a * b for 32-bit values in int64, a = a_hi * 2^16 + a_lo, no overflow."""
+    t_lo = b * a_lo              # < 2^48
+    t_hi = b * a_hi              # < 2^48
     s = t_lo + ((t_hi & 0xFFFF) << 16)
     return (t_hi >> 16) + (s >> 32), s & _M32
+
+
+def philox4x32(c0, c1, c2, c3, k0, k1) -> torch.Tensor:
+    """Philox4x32-10 (Salmon et al., 2011) on int64 tensors holding 32-bit words; returns [..., 4].
+
+    The two multiplications of a round run as one op on stacked lanes (words 0 and 2).
+    """
+    device = c0.device
+    even, odd = torch.stack([c0, c2]), torch.stack([c1, c3])
+    mult = torch.tensor(_PHILOX_M, device=device).view(2, *([1] * c0.dim()))
+    a_lo, a_hi = mult & 0xFFFF, mult >> 16
+    key = torch.stack([k0, k1]).view(2, *([1] * c0.dim()))
+    bump = torch.tensor(_PHILOX_W, device=device).view_as(mult)
+    for _ in range(10):
+        hi, lo = _mulhilo(a_lo, a_hi, even)
+        # (c0, c1, c2, c3) <- (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0)
+        even = hi.flip(0) ^ odd ^ key
+        odd = lo.flip(0)
+        key = (key + bump) & _M32
+    return torch.stack([even[0], odd[0], even[1], odd[1]], dim=-1)
 
 
 def philox_uniform(seed: torch.Tensor, offset: torch.Tensor, n: int, dtype=torch.float64) -> torch.Tensor:
@@ -29,15 +49,9 @@ def philox_uniform(seed: torch.Tensor, offset: torch.Tensor, n: int, dtype=torch
     always gives the same numbers on any device, and distinct offsets never share a counter.
     """
     i = torch.arange((n + 3) // 4, device=offset.device)
-    c = [i, (offset & _M32).expand_as(i), ((offset >> 32) & _M32).expand_as(i), torch.zeros_like(i)]
-    k0, k1 = seed & _M32, (seed >> 32) & _M32
-    for _ in range(10):
-        hi0, lo0 = _mulhilo(_PHILOX_M[0], c[0])
-        hi1, lo1 = _mulhilo(_PHILOX_M[1], c[2])
-        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
-        k0, k1 = (k0 + _PHILOX_W[0]) & _M32, (k1 + _PHILOX_W[1]) & _M32
-    bits = torch.stack(c, dim=1).reshape(-1)[:n]
-    return (bits >> 8).to(dtype) * (1.0 / (1 << 24))
+    bits = philox4x32(i, (offset & _M32).expand_as(i), ((offset >> 32) & _M32).expand_as(i),
+                      torch.zeros_like(i), seed & _M32, (seed >> 32) & _M32)
+    return (bits.reshape(-1)[:n] >> 8).to(dtype) * (1.0 / (1 << 24))
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,11 @@ def truncated_probs(logits: torch.Tensor, params: SamplingParams):
         prob = torch.where(mass_before < params.top_p, prob, torch.zeros_like(prob))
         prob = prob / prob.sum(-1, keepdim=True)
     return idx, prob
+
+
+def take(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """t[i] for a 0-d index tensor, without turning the index into a host integer (compile-safe)."""
+    return t.index_select(0, i.reshape(1)).squeeze(0)
 
 
 def densify(idx: torch.Tensor, prob: torch.Tensor, vocab_size: int) -> torch.Tensor:

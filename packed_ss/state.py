@@ -5,6 +5,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from .sampling import take
+
 
 @dataclass
 class DecodeState:
@@ -72,7 +74,7 @@ def emit(st: DecodeState, emitted: torch.Tensor, n_accept: torch.Tensor) -> torc
     st.out.index_copy_(0, st.n_out + idx, torch.where(active, emitted, st.out[st.n_out + idx]))
     n_out = st.n_out + a
     st.assign(active, n_out=n_out, cache_len=st.cache_len + a,
-              last=emitted[(a - 1).clamp(min=0)],
+              last=take(emitted, (a - 1).clamp(min=0)),
               done=(n_out >= st.max_new) | (first_stop <= a))
     return a
 

@@ -19,6 +19,6 @@ class AR(Schedule):
 
     def update(self, st, logits):
         active = ~st.done
-        token = self.sample_token(logits[0], self.uniforms(st)[0])
+        token = self.sample_token(logits[0], self.uniforms(st))
         emit(st, token[None], self.one)
         st.assign(active, nfe=st.nfe + 1)

@@ -40,12 +40,14 @@ class Schedule:
         self.block = width + 1
         self.device = model.device
         self.mask_id = model.cfg.mask_token_id
-        self.n_uniform = 2 * self.block + 1
+        self.n_uniform = 2 * self.block + 1  # [0, W]: acceptance + correction, [B, 2B]: drafts
         self.steps: list[Step] = []
 
     # -- helpers shared by the schedules -------------------------------------------------------------
-    def uniforms(self, st: DecodeState) -> torch.Tensor:
-        """This call's uniforms; the offset advances once per call, on the device."""
+    def uniforms(self, st: DecodeState) -> torch.Tensor | None:
+        """This call's uniforms (None when greedy); the offset advances once per call, on the device."""
+        if self.params.greedy:
+            return None
         u = philox_uniform(st.seed, st.offset, self.n_uniform)
         st.offset.add_(1)
         return u
@@ -53,12 +55,12 @@ class Schedule:
     def masks(self, n: int) -> torch.Tensor:
         return torch.full((n,), self.mask_id, dtype=torch.int64, device=self.device)
 
-    def propose(self, logits: torch.Tensor, u: torch.Tensor):
-        """Draft tokens from mask-row logits [Z, V]: argmax, or a sample with its sparse Q."""
+    def propose(self, logits: torch.Tensor, u: torch.Tensor | None):
+        """Draft tokens from mask-row logits [Z, V]: argmax, or a sample (uniforms u[B:]) with its sparse Q."""
         if self.params.greedy:
             return logits.argmax(-1), None, None
         idx, prob = truncated_probs(logits, self.params)
-        return sample_sparse(idx, prob, u[: logits.shape[0]]), idx, prob
+        return sample_sparse(idx, prob, u[self.block: self.block + logits.shape[0]]), idx, prob
 
     def verify(self, st: DecodeState, logits: torch.Tensor, u: torch.Tensor):
         """(emitted [B], A) for the verifier rows [last, d_1..d_W] against the stored draft."""
@@ -84,16 +86,16 @@ class Schedule:
             active = ~st.done
             st.cache_len.fill_(n0 - 1)  # the last prompt row plays the role of `last` when emitting
             u = self.uniforms(st)
-            first = self.sample_token(logits[n0 - 1], u[0])
+            first = self.sample_token(logits[n0 - 1], u)
             a = emit(st, first[None], torch.ones((), dtype=torch.int64, device=self.device))
             st.assign(active, nfe=st.nfe + 1)
             if n_masks:
-                retain(st, *self.propose(logits[n0:], u[1:]), a, active)
+                retain(st, *self.propose(logits[n0:], u), a, active)
 
         return Step(lay, lambda st: (tokens, positions), update)
 
-    def sample_token(self, logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """One AR token from a single row of logits."""
+    def sample_token(self, logits: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+        """One AR token from a single row of logits, drawn with u[0]."""
         if self.params.greedy:
             return logits.argmax(-1)
-        return sample_sparse(*truncated_probs(logits, self.params), u)
+        return sample_sparse(*truncated_probs(logits, self.params), u[0])

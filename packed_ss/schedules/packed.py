@@ -31,6 +31,6 @@ class Packed(Schedule):
         u = self.uniforms(st)
         b = self.block
         emitted, n_accept = self.verify(st, logits[:b], u)     # line 3, 5-8
-        proposal = self.propose(logits[b + 1:], u[b:])          # line 4: z^(1..W) | P_{t-1}
+        proposal = self.propose(logits[b + 1:], u)          # line 4: z^(1..W) | P_{t-1}
         a = self.commit(st, emitted, n_accept, active)          # lines 9-11
         retain(st, *proposal, a, active)                        # lines 12-13

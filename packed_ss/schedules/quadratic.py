@@ -35,6 +35,6 @@ class Quadratic(Schedule):
         b = self.block
         emitted, n_accept = self.verify(st, logits[:b], u)
         branch = logits.index_select(0, self.branch_rows + (n_accept - 1) * b)
-        proposal = self.propose(branch, u[b:])
+        proposal = self.propose(branch, u)
         self.commit(st, emitted, n_accept, active)
         retain(st, *proposal, self.one, active)

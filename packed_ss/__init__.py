@@ -2,5 +2,6 @@
 from .engine import Engine, GenerateResult
 from .loading import default_model_path, load_model
 from .sampling import SamplingParams
+from .tokenizer import load_tokenizer
 
-__all__ = ["Engine", "GenerateResult", "SamplingParams", "default_model_path", "load_model"]
+__all__ = ["Engine", "GenerateResult", "SamplingParams", "default_model_path", "load_model", "load_tokenizer"]

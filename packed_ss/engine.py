@@ -75,9 +75,14 @@ class Engine:
         return self.model(tokens, positions, layout, cache, cache_len, attend=self.attend)
 
     def _cache_for(self, capacity: int) -> KVCache:
+        """A view of the engine's cache with room for `capacity` slots (rounded up to 256).
+
+        The buffer only grows; a shorter request gets a shorter view, so the reference backend's
+        attention cost follows this call's length, not the longest call so far."""
+        capacity = 256 * math.ceil(capacity / 256)
         if self._cache is None or self._cache.capacity < capacity:
-            self._cache = self.model.new_cache(256 * math.ceil(capacity / 256))
-        return self._cache
+            self._cache = self.model.new_cache(capacity)
+        return KVCache(self._cache.k[:, :, :capacity], self._cache.v[:, :, :capacity])
 
     def _runner(self, step):
         def run(st: DecodeState, cache: KVCache) -> None:

@@ -141,7 +141,7 @@ class Engine:
         start = time.perf_counter()
         with torch.inference_mode():
             prompt_t = torch.tensor(prompt, dtype=torch.int64, device=device)
-            prefill = sched.prefill(st, prompt_t)
+            prefill = sched.prefill(prompt_t)
             t0 = time.perf_counter()
             logits = self._call(*prefill.inputs(st), prefill.layout, cache, st.cache_len)
             model_s += time.perf_counter() - t0

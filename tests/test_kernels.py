@@ -20,7 +20,6 @@ from packed_ss.kernels.attention import packed_attention
 from packed_ss.kernels.commit import commit_rows
 from packed_ss.sampling import SamplingParams
 from packed_ss.schedules import SCHEDULES
-from packed_ss.state import DecodeState
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -42,8 +41,7 @@ def engine_layout(kind: str, width: int):
     }[kind]
     sched = SCHEDULES[sched_name](model, width, SamplingParams())
     if call == "prefill":
-        st = DecodeState.new(width, 1, 8, [1], 0, DEVICE)
-        return sched.prefill(st, torch.zeros(PROMPT, dtype=torch.int64, device=DEVICE)).layout
+        return sched.prefill(torch.zeros(PROMPT, dtype=torch.int64, device=DEVICE)).layout
     return sched.steps[call].layout
 
 

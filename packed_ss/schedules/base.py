@@ -76,7 +76,7 @@ class Schedule:
         return a
 
     # -- the first call: prompt (causal, cached) plus W+1 masks (paper E.2) ---------------------------
-    def prefill(self, st: DecodeState, prompt: torch.Tensor) -> Step:
+    def prefill(self, prompt: torch.Tensor) -> Step:
         n0, n_masks = prompt.numel(), self.block if self.drafts else 0
         lay = layout(self.device, n0, [1] * n_masks, [n0 - 1] * n_masks)
         tokens = torch.cat([prompt, self.masks(n_masks)])

@@ -1,4 +1,5 @@
-"""Command line: `python -m packed_ss generate PROMPT` decodes with every schedule and compares them."""
+"""Command line: `python -m packed_ss generate PROMPT` decodes with every schedule and compares them;
+`python -m packed_ss bench ...` runs the schedule benchmark (packed_ss/bench.py)."""
 from __future__ import annotations
 
 import argparse
@@ -54,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
     gen.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
     gen.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    sub.add_parser(
+        "bench", add_help=False, help="benchmark the schedules (throughput, intervals, peers; see bench --help)",
+        description="Forwards every argument to the benchmark (packed_ss/bench.py).")
     return parser
 
 
@@ -86,6 +90,10 @@ def generate(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:      # the benchmark parses its own options
+        from .bench import main as bench_main
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return generate(args)

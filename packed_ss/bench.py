@@ -77,7 +77,7 @@ class CallTimer:
 
 
 def engine_capacity(prompt_len: int, max_new_tokens: int, width: int) -> int:
-    """KV-cache capacity the engine allocates (the CPU attention reference attends over all of it)."""
+    """KV-cache view the engine gives a response's calls (the CPU attention reference attends over all of it)."""
     return 256 * math.ceil((prompt_len + max_new_tokens + 2 * (width + 1)) / 256)
 
 
@@ -104,7 +104,8 @@ def latency_points(model, widths: list[int]) -> list[tuple[str, object]]:
 
 @torch.inference_mode()
 def measure_latency(model, widths: list[int], cache_len: int, capacity: int, reps: int) -> dict:
-    """Median forward latency per call layout at `cache_len` cached tokens, and the fit tau + delta*n.
+    """Median forward latency per call layout at `cache_len` cached tokens in a cache view of `capacity`
+    slots (the engine's for the median prompt), and the fit tau + delta*n.
 
     Calls are interleaved (one of each per repetition, in rotating order) so that load drift hits
     every size alike.
@@ -177,10 +178,7 @@ class Ours:
         self.engine = Engine(model, schedule=schedule, width=width)
         self.steps = SCHEDULES[schedule](model, width, SamplingParams()).steps
 
-    def warm_up(self, longest: list[int], prompt: list[int], max_new_tokens: int):
-        """Allocate the cache the longest prompt needs (stopping after one token), then run a few steps."""
-        vocab = list(range(self.engine.model.cfg.vocab_size))
-        self.engine.generate(longest, max_new_tokens, stop_token_ids=vocab)
+    def warm_up(self, prompt: list[int], max_new_tokens: int):
         self.engine.generate(prompt, min(8, max_new_tokens))
         self.timer.take()
 
@@ -199,7 +197,7 @@ class HF:
         self.name, self.width = ("hf-lookup", lookup) if lookup else ("hf", None)
         self.model, self.lookup, self.eos, self.timer = hf_model, lookup, eos, timer
 
-    def warm_up(self, longest, prompt, max_new_tokens):
+    def warm_up(self, prompt: list[int], max_new_tokens: int):
         self.run(prompt, min(8, max_new_tokens), 0.0, 0)
 
     def run(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int):
@@ -225,7 +223,9 @@ class HF:
 
 def load_hf(path: Path, dtype: torch.dtype, device: str):
     from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()      # keep stderr for our own progress line
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     except (OSError, ValueError, KeyError) as err:
@@ -462,11 +462,10 @@ def run(args) -> dict:
     model = load_model(path, device=args.device, dtype=dtype)
     prompts = load_prompts(load_tokenizer(path), args.limit)
     lengths = [len(ids) for _, ids in prompts]
-    longest = prompts[int(np.argmax(lengths))][1]
     start, load0 = time.perf_counter(), os.getloadavg()[0]
 
     cache_len = int(np.mean(lengths)) + args.max_new_tokens // 2
-    capacity = engine_capacity(max(lengths), args.max_new_tokens, max(args.widths))
+    capacity = engine_capacity(int(np.median(lengths)), args.max_new_tokens, max(args.widths))
     log(f"latency: {args.latency_reps} repetitions per layout at {cache_len} cached tokens ...")
     latency = measure_latency(model, args.widths, cache_len, capacity, args.latency_reps)
     log(f"  tau = {latency['tau_ms']:.3f} ms, delta = {latency['delta_ms']:.4f} ms/row, "
@@ -485,7 +484,7 @@ def run(args) -> dict:
         if "hf-lookup" in args.peers:
             methods += [HF(hf_model, w, eos, hf_timer) for w in args.widths]
     for m in methods:
-        m.warm_up(longest, prompts[0][1], args.max_new_tokens)
+        m.warm_up(prompts[0][1], args.max_new_tokens)
 
     records: list[Record] = []
     jobs = sum(len(prompts) * (1 if t == 0 else args.samples) for t in args.temperatures) * len(methods)

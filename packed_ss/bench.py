@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .attention import attention_backend
 from .engine import Engine
 from .loading import default_model_path, load_model
 from .sampling import SamplingParams
@@ -112,6 +113,7 @@ def measure_latency(model, widths: list[int], cache_len: int, capacity: int, rep
     """
     device = model.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    attend = attention_backend("triton" if device.type == "cuda" else "torch")    # the engine's default
     cache = model.new_cache(capacity)
     clen = torch.tensor(cache_len, device=device)
     gen = torch.Generator().manual_seed(0)
@@ -124,7 +126,7 @@ def measure_latency(model, widths: list[int], cache_len: int, capacity: int, rep
         calls.append((kind, lay, tokens.to(device), (clen + offsets.to(device))))
     for kind, lay, tokens, positions in calls:          # warm up
         for _ in range(2):
-            model(tokens, positions, lay, cache, clen)
+            model(tokens, positions, lay, cache, clen, attend=attend)
     times = [[] for _ in calls]
     for r in range(reps):
         for j in range(len(calls)):
@@ -132,7 +134,7 @@ def measure_latency(model, widths: list[int], cache_len: int, capacity: int, rep
             _, lay, tokens, positions = calls[i]
             sync()
             t0 = time.perf_counter()
-            model(tokens, positions, lay, cache, clen)
+            model(tokens, positions, lay, cache, clen, attend=attend)
             sync()
             times[i].append(time.perf_counter() - t0)
     rows = np.array([c[1].rows for c in calls], dtype=float)

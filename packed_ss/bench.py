@@ -205,10 +205,10 @@ class HF:
     def run(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int):
         from transformers import GenerationConfig
 
-        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                                  temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
-                                  eos_token_id=self.eos, pad_token_id=self.eos[0],
-                                  prompt_lookup_num_tokens=self.lookup)
+        # top_k=0: transformers would otherwise apply its global default top-k 50 when sampling
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else {}
+        config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=self.eos, pad_token_id=self.eos[0],
+                                  prompt_lookup_num_tokens=self.lookup, **sampling)
         device = self.model.device
         ids = torch.tensor([prompt], device=device)
         mask = torch.ones_like(ids)

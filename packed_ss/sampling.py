@@ -71,13 +71,17 @@ class SamplingParams:
 
 
 def truncated_probs(logits: torch.Tensor, params: SamplingParams):
-    """Temperature, then top-k, then top-p, as a sparse distribution sorted by decreasing probability.
+    """Temperature, then top-k, then top-p, as a sparse distribution (idx [..., K], prob [..., K]).
 
-    Returns (idx [..., K], prob [..., K]) with K = params.support(vocab); entries cut by top-p get
-    probability 0. The same function defines the target p and the drafter's Q.
+    K = params.support(vocab). With top-k or top-p the entries are sorted by decreasing probability
+    and those cut by top-p get probability 0; without truncation the distribution is dense
+    (idx = token id) and no sort is paid. The same function defines the target p and the drafter's Q.
     """
-    k = params.support(logits.shape[-1])
-    vals, idx = logits.to(torch.promote_types(logits.dtype, torch.float32)).topk(k, dim=-1)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if params.top_k is None and params.top_p is None:
+        idx = torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape)
+        return idx, torch.softmax(logits / params.temperature, dim=-1)
+    vals, idx = logits.topk(params.support(logits.shape[-1]), dim=-1)
     prob = torch.softmax(vals / params.temperature, dim=-1)
     if params.top_p is not None and params.top_p < 1.0:
         mass_before = prob.cumsum(-1) - prob

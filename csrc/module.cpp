@@ -1,0 +1,183 @@
+// packed_ss._epilogue: Python binding of the step epilogue (epilogue.h).
+//
+// `step_cpu` runs it on the CPU (the Serial executor); `step_cuda`, compiled in when CMake found a CUDA
+// compiler (HAS_CUDA), launches the kernels of epilogue.cu on the caller's stream. Python hands over raw
+// addresses (torch's data_ptr()); packed_ss/epilogue.py checks dtypes, shapes and devices before calling.
+// No torch headers: the module depends on pybind11 (and, with CUDA, the static CUDA runtime) alone, so
+// it imports without a GPU; a CUDA call without one raises RuntimeError naming the runtime's error.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "epilogue.h"
+#ifdef PSS_WITH_CUDA
+#include "epilogue_cuda.h"
+#endif
+
+namespace py = pybind11;
+using namespace pss;
+
+namespace {
+
+template <typename P>
+P* as_ptr(uintptr_t address) {
+  return reinterpret_cast<P*>(address);
+}
+
+State make_state(uintptr_t cache_len, uintptr_t last, uintptr_t draft, uintptr_t draft_len, uintptr_t q_idx,
+                 uintptr_t q_prob, uintptr_t out, uintptr_t n_out, uintptr_t done, uintptr_t seed, uintptr_t offset,
+                 uintptr_t stop_ids, uintptr_t max_new, uintptr_t nfe, uintptr_t n_verify, uintptr_t n_accepted,
+                 int64_t width, int64_t support, int64_t n_stop) {
+  if (width < 1 || support < 1 || n_stop < 0) throw std::invalid_argument("State: bad width / support / n_stop");
+  return State{as_ptr<int64_t>(cache_len),     as_ptr<int64_t>(last),       as_ptr<int64_t>(draft),
+               as_ptr<int64_t>(draft_len),     as_ptr<int64_t>(q_idx),      as_ptr<double>(q_prob),
+               as_ptr<int64_t>(out),           as_ptr<int64_t>(n_out),      as_ptr<bool>(done),
+               as_ptr<const int64_t>(seed),    as_ptr<int64_t>(offset),     as_ptr<const int64_t>(stop_ids),
+               as_ptr<const int64_t>(max_new), as_ptr<int64_t>(nfe),        as_ptr<int64_t>(n_verify),
+               as_ptr<int64_t>(n_accepted),    width,                       support,
+               n_stop};
+}
+
+struct Args {  // one call's arguments, as Python passes them
+  int32_t phase, verify;
+  int64_t retain;
+  bool sampled, dense;
+  int64_t block, vocab;
+  uintptr_t v_arg, v_idx, v_prob;
+  int64_t v_k;
+  uintptr_t z_arg, z_idx, z_prob;
+  int64_t z_k, n_z;
+  uintptr_t scratch, res;
+};
+
+template <typename T>
+Step<T> make_step(const State& st, const Args& a) {
+  // Cheap checks of what would otherwise be out-of-bounds accesses.
+  if (a.phase < kPhaseVerify || a.phase > kPhaseBoth) throw std::invalid_argument("epilogue: bad phase");
+  if (a.verify < kVerifyNone || a.verify > kVerifyDraft) throw std::invalid_argument("epilogue: bad verify mode");
+  if (a.block != st.width + 1) throw std::invalid_argument("epilogue: block must be width + 1");
+  if (a.retain < kRetainNone) throw std::invalid_argument("epilogue: bad retain mode");
+  if (a.res == 0) throw std::invalid_argument("epilogue: res buffer missing");
+  if (a.dense && (!a.sampled || st.support != a.vocab || (a.v_k && a.v_k != a.vocab) || (a.z_k && a.z_k != a.vocab)))
+    throw std::invalid_argument("epilogue: dense distributions must span the vocabulary");
+  if ((a.phase & kPhaseVerify) && a.verify != kVerifyNone) {
+    if (a.sampled ? ((a.v_idx == 0 && !a.dense) || a.v_prob == 0 || a.v_k < 1) : a.v_arg == 0)
+      throw std::invalid_argument("epilogue: verifier rows missing");
+    if (a.sampled && a.verify == kVerifyDraft && (a.scratch == 0 || a.vocab < 1))
+      throw std::invalid_argument("epilogue: sampled verification needs the [vocab] workspace");
+  }
+  if ((a.phase & kPhaseCommit) && a.retain != kRetainNone) {
+    if (a.n_z < 1) throw std::invalid_argument("epilogue: retain needs proposal rows");
+    if (a.sampled ? ((a.z_idx == 0 && !a.dense) || a.z_prob == 0 || a.z_k != st.support) : a.z_arg == 0)
+      throw std::invalid_argument("epilogue: proposal rows missing, or their support differs from the state's");
+  }
+  return Step<T>{a.verify,
+                 a.retain,
+                 a.sampled,
+                 a.dense,
+                 a.block,
+                 a.vocab,
+                 as_ptr<const int64_t>(a.v_arg),
+                 as_ptr<const int64_t>(a.v_idx),
+                 as_ptr<const T>(a.v_prob),
+                 a.v_k,
+                 as_ptr<const int64_t>(a.z_arg),
+                 as_ptr<const int64_t>(a.z_idx),
+                 as_ptr<const T>(a.z_prob),
+                 a.z_k,
+                 a.n_z,
+                 as_ptr<T>(a.scratch),
+                 as_ptr<int64_t>(a.res)};
+}
+
+// Binds `step_<device>(state, prob_bits, phase, verify, retain, sampled, dense, block, vocab, v_arg, v_idx, v_prob,
+// v_k, z_arg, z_idx, z_prob, z_k, n_z, scratch, res, stream)`; run(st, step, phase, stream) does the work.
+template <typename Run32, typename Run64>
+void def_step(py::module_& m, const char* name, Run32 run32, Run64 run64) {
+  m.def(
+      name,
+      [run32, run64](const State& st, int32_t prob_bits, int32_t phase, int32_t verify, int64_t retain, bool sampled,
+                     bool dense, int64_t block, int64_t vocab, uintptr_t v_arg, uintptr_t v_idx, uintptr_t v_prob, int64_t v_k,
+                     uintptr_t z_arg, uintptr_t z_idx, uintptr_t z_prob, int64_t z_k, int64_t n_z, uintptr_t scratch,
+                     uintptr_t res, uintptr_t stream) {
+        const Args a{phase, verify, retain, sampled, dense, block,   vocab, v_arg, v_idx,
+                     v_prob, v_k,   z_arg,  z_idx,   z_prob, z_k,   n_z,     scratch, res};
+        if (prob_bits == 32)
+          run32(st, make_step<float>(st, a), phase, stream);
+        else if (prob_bits == 64)
+          run64(st, make_step<double>(st, a), phase, stream);
+        else
+          throw std::invalid_argument("epilogue: probabilities must be float32 or float64");
+      },
+      "One epilogue call on one sequence (csrc/epilogue.h).");
+}
+
+template <typename T>
+void run_cpu(const State& st, const Step<T>& s, int32_t phase, uintptr_t /*stream*/) {
+  Serial x;
+  run(st, s, phase, x);
+}
+
+#ifdef PSS_WITH_CUDA
+void require_cuda_device() {
+  static bool found = false;  // queried once per process, off the hot path
+  if (found) return;
+  char err[256] = {0};
+  const int n = cuda_device_count(err, sizeof(err));
+  if (n < 1)
+    throw std::runtime_error(std::string("packed_ss CUDA epilogue: no usable CUDA device (") +
+                             (n < 0 ? err : "none found") + ")");
+  found = true;
+}
+
+template <typename T, typename F>
+void run_cuda(F launch, const State& st, const Step<T>& s, int32_t phase, uintptr_t stream) {
+  require_cuda_device();
+  char err[256] = {0};
+  if (launch(st, s, phase, reinterpret_cast<void*>(stream), err, sizeof(err)) != 0)
+    throw std::runtime_error(std::string("packed_ss CUDA epilogue: ") + err);
+}
+#endif
+
+}  // namespace
+
+PYBIND11_MODULE(_epilogue, m) {
+  m.doc() = "packed-ss step epilogue: acceptance, residual sampling and state update (csrc/epilogue.h)";
+  py::class_<State>(m, "State", "Raw addresses of a DecodeState's tensors (packed_ss/epilogue.py).")
+      .def(py::init(&make_state))
+      .def_readonly("width", &State::width)
+      .def_readonly("support", &State::support)
+      .def_readonly("n_stop", &State::n_stop);
+  def_step(m, "step_cpu", &run_cpu<float>, &run_cpu<double>);
+  m.def("philox_uniform", &philox_uniform, "u[i] of packed_ss.sampling.philox_uniform(seed, offset, n)");
+#ifdef PSS_WITH_CUDA
+  def_step(
+      m, "step_cuda",
+      [](const State& st, const Step<float>& s, int32_t phase, uintptr_t stream) {
+        run_cuda(cuda_step_f32, st, s, phase, stream);
+      },
+      [](const State& st, const Step<double>& s, int32_t phase, uintptr_t stream) {
+        run_cuda(cuda_step_f64, st, s, phase, stream);
+      });
+  m.def("cuda_device_count", []() {
+    char err[256] = {0};
+    const int n = cuda_device_count(err, sizeof(err));
+    return py::make_tuple(n, std::string(err));
+  }, "(number of CUDA devices, or -1 and the CUDA runtime's message)");
+  m.attr("HAS_CUDA") = true;
+  m.attr("CUDA_ARCHS") = cuda_archs();
+#else
+  m.attr("HAS_CUDA") = false;
+  m.attr("CUDA_ARCHS") = "";
+#endif
+  m.attr("VERIFY_NONE") = static_cast<int>(kVerifyNone);
+  m.attr("VERIFY_ONE") = static_cast<int>(kVerifyOne);
+  m.attr("VERIFY_DRAFT") = static_cast<int>(kVerifyDraft);
+  m.attr("RETAIN_NONE") = kRetainNone;
+  m.attr("RETAIN_SHIFT_A") = kRetainShiftA;
+  m.attr("PHASE_VERIFY") = static_cast<int>(kPhaseVerify);
+  m.attr("PHASE_COMMIT") = static_cast<int>(kPhaseCommit);
+  m.attr("PHASE_BOTH") = static_cast<int>(kPhaseBoth);
+}

@@ -4,17 +4,21 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from .attention import attention_backend
+from .epilogue import native_unavailable_reason
 from .model import DualModeModel, KVCache
 from .sampling import SamplingParams
 from .schedules import SCHEDULES, Schedule
 from .state import DecodeState
 
 MAX_WIDTH = 64
+EPILOGUES = ("torch", "native")
+_warned_torch_epilogue = False
 
 
 @dataclass
@@ -46,24 +50,50 @@ class Engine:
     """Generates with one schedule and width on one model; reusable across `generate` calls."""
 
     def __init__(self, model: DualModeModel, schedule: str = "packed", width: int = 8,
-                 backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None):
+                 backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
+                 epilogue: str | None = None):
         """`compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
-        torch.compile backend name); `max_seq_len` caps prompt + new tokens (default: the model's)."""
+        torch.compile backend name); `max_seq_len` caps prompt + new tokens (default: the model's).
+
+        `epilogue`: "native" ends each step (acceptance, residual / bonus draw, emit, retain) in one call
+        of the compiled epilogue (csrc/, packed_ss/epilogue.py), "torch" in the plain-torch reference;
+        both give identical tokens. Default: native when it is built for the model's device and
+        `compile` is off, else torch (with a one-time warning saying why).
+        """
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
         _check_int("width", width, 1, MAX_WIDTH)
+        if epilogue is not None and epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {EPILOGUES} or None, got {epilogue!r}")
+        if epilogue == "native" and compile:
+            raise ValueError("compile traces the torch epilogue: use epilogue='torch' (or leave it unset)")
         self.model, self.schedule_name, self.width = model, schedule, width
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         _check_int("max_seq_len", self.max_seq_len, 2)
         self.compile = compile
+        self.epilogue = self._pick_epilogue(epilogue, model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         self.attend = attention_backend(self.backend)
         self._cache: KVCache | None = None
         self._schedules: dict[SamplingParams, Schedule] = {}
 
+    def _pick_epilogue(self, epilogue: str | None, device) -> str:
+        global _warned_torch_epilogue
+        if epilogue == "torch" or (epilogue is None and self.compile):
+            return "torch"
+        reason = native_unavailable_reason(device)
+        if reason is None:
+            return "native"
+        if epilogue == "native":
+            raise RuntimeError(reason)
+        if not _warned_torch_epilogue:
+            _warned_torch_epilogue = True
+            warnings.warn(f"packed-ss: using the torch epilogue: {reason}", RuntimeWarning, stacklevel=3)
+        return "torch"
+
     def _schedule(self, params: SamplingParams) -> Schedule:
         if params not in self._schedules:
-            sched = SCHEDULES[self.schedule_name](self.model, self.width, params)
+            sched = SCHEDULES[self.schedule_name](self.model, self.width, params, native=self.epilogue == "native")
             if self.compile:
                 for step in sched.steps:
                     backend = "inductor" if self.compile is True else self.compile
@@ -134,9 +164,9 @@ class Engine:
 
         device = self.model.device
         sched = self._schedule(params)
+        support = params.support(self.model.cfg.vocab_size) if not params.greedy else 1
         cache = self._cache_for(len(prompt) + max_new_tokens + 2 * sched.block)
-        st = DecodeState.new(self.width, params.support(self.model.cfg.vocab_size) if not params.greedy else 1,
-                             max_new_tokens, stop_ids, seed, device)
+        st = DecodeState.new(self.width, support, max_new_tokens, stop_ids, seed, device)
         model_s = 0.0
         start = time.perf_counter()
         with torch.inference_mode():

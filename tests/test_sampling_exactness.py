@@ -9,6 +9,8 @@ family-wise false alarm rate near 1e-3, and seeds are fixed so any alarm is repr
 `test_detects_broken_acceptance` runs the same test against two deliberately wrong acceptance rules
 (correction drawn from p instead of the residual max(p - Q, 0); acceptance ratio ignoring the stored Q)
 and requires p < 1e-6 for both (measured: about 1e-30 and 1e-25), so this suite would catch them.
+The engines use their default epilogue (the compiled one where it is built, which reproduces the torch
+reference bit for bit, tests/test_epilogue.py); the broken rules are patched into the torch epilogue.
 """
 import itertools
 import math
@@ -66,8 +68,9 @@ def g_test_pvalue(samples: list[tuple], exact: dict[tuple, float]) -> float:
     return float(chi2.sf(g, len(bins) - 1))
 
 
-def sample(path, schedule: str, width: int, params: SamplingParams) -> list[tuple]:
-    engine = packed_ss.Engine(packed_ss.load_model(path, dtype=torch.float64), schedule=schedule, width=width)
+def sample(path, schedule: str, width: int, params: SamplingParams, epilogue=None) -> list[tuple]:
+    engine = packed_ss.Engine(packed_ss.load_model(path, dtype=torch.float64), schedule=schedule, width=width,
+                              epilogue=epilogue)
     return [tuple(engine.generate(PROMPT, max_new_tokens=LENGTH, temperature=params.temperature,
                                   top_k=params.top_k, top_p=params.top_p, seed=seed, eos_token_id=[]).tokens)
             for seed in range(N)]
@@ -98,5 +101,5 @@ def ignore_stored_q(draft, draft_len, q_idx, q_prob, logits, u, params):
 def test_detects_broken_acceptance(path, monkeypatch, broken):
     monkeypatch.setattr(schedule_base, "verify_sampled", broken)
     params = T1
-    p_value = g_test_pvalue(sample(path, "packed", 2, params), exact_distribution(path, params))
+    p_value = g_test_pvalue(sample(path, "packed", 2, params, epilogue="torch"), exact_distribution(path, params))
     assert p_value < 1e-6, p_value

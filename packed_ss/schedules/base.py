@@ -8,6 +8,7 @@ import torch
 
 from ..acceptance import verify_greedy, verify_sampled
 from ..attention import Layout
+from ..epilogue import NativeEpilogue
 from ..sampling import SamplingParams, philox_uniform, sample_sparse, truncated_probs
 from ..state import DecodeState, emit, retain
 
@@ -31,17 +32,25 @@ class Schedule:
     """A decoding schedule: `prefill(prompt)` then `steps` repeated until the state is done.
 
     Subclasses set `name`, `drafts` (whether the prefill call also drafts W+1 positions) and `steps`.
+    Each step's `update` is written in plain torch (the reference, as in the paper's algorithms); with
+    `native=True` the steps use `update_native` instead: the same algorithm, in one call of the compiled
+    epilogue (packed_ss/epilogue.py, csrc/) after the same logits processing.
     """
     name = ""
     drafts = True
 
-    def __init__(self, model, width: int, params: SamplingParams):
+    def __init__(self, model, width: int, params: SamplingParams, native: bool = False):
         self.model, self.width, self.params = model, width, params
         self.block = width + 1
         self.device = model.device
         self.mask_id = model.cfg.mask_token_id
         self.n_uniform = 2 * self.block + 1  # [0, W]: acceptance + correction, [B, 2B]: drafts
+        self.epilogue = NativeEpilogue(self.device, width, params) if native else None
         self.steps: list[Step] = []
+
+    def pick(self, update, update_native):
+        """The update a step uses: the torch reference, or its compiled-epilogue twin."""
+        return update_native if self.epilogue is not None else update
 
     # -- helpers shared by the schedules -------------------------------------------------------------
     def uniforms(self, st: DecodeState) -> torch.Tensor | None:
@@ -92,7 +101,13 @@ class Schedule:
             if n_masks:
                 retain(st, *self.propose(logits[n0:], u), a, active)
 
-        return Step(lay, lambda st: (tokens, positions), update)
+        def update_native(st: DecodeState, logits: torch.Tensor) -> None:
+            st.cache_len.fill_(n0 - 1)
+            rows = self.epilogue.rows(logits[n0 - 1:])     # the last prompt row, then the W+1 mask rows
+            self.epilogue.step(st, token=rows[:1], propose=rows[1:] if n_masks else None,
+                               retain="a" if n_masks else None)
+
+        return Step(lay, lambda st: (tokens, positions), self.pick(update, update_native))
 
     def sample_token(self, logits: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
         """One AR token from a single row of logits, drawn with u[0]."""

@@ -12,13 +12,15 @@ from ..state import retain
 class Linear(Schedule):
     name = "linear"
 
-    def __init__(self, model, width, params):
-        super().__init__(model, width, params)
+    def __init__(self, model, width, params, native=False):
+        super().__init__(model, width, params, native)
         b = self.block
         self.offsets = torch.arange(b, device=self.device)
         self.steps = [
-            Step(layout(self.device, b), self.verify_inputs, self.verify_update),
-            Step(layout(self.device, 0, [1] * b, [-1] * b), self.draft_inputs, self.draft_update),
+            Step(layout(self.device, b), self.verify_inputs,
+                 self.pick(self.verify_update, self.verify_update_native)),
+            Step(layout(self.device, 0, [1] * b, [-1] * b), self.draft_inputs,
+                 self.pick(self.draft_update, self.draft_update_native)),
         ]
 
     def verify_inputs(self, st):
@@ -29,6 +31,9 @@ class Linear(Schedule):
         emitted, n_accept = self.verify(st, logits, self.uniforms(st))
         self.commit(st, emitted, n_accept, active)
 
+    def verify_update_native(self, st, logits):
+        self.epilogue.step(st, verify=self.epilogue.rows(logits))
+
     def draft_inputs(self, st):
         return torch.cat([st.last[None], self.masks(self.width)]), st.cache_len + self.offsets
 
@@ -37,3 +42,6 @@ class Linear(Schedule):
         proposal = self.propose(logits[1:], self.uniforms(st))
         retain(st, *proposal, torch.zeros_like(st.draft_len), active)
         st.assign(active, nfe=st.nfe + 1)
+
+    def draft_update_native(self, st, logits):
+        self.epilogue.step(st, propose=self.epilogue.rows(logits[1:]), retain=0)

@@ -14,12 +14,13 @@ from ..state import retain
 class Packed(Schedule):
     name = "packed"
 
-    def __init__(self, model, width, params):
-        super().__init__(model, width, params)
+    def __init__(self, model, width, params, native=False):
+        super().__init__(model, width, params, native)
         b = self.block
         self.offsets = torch.arange(b, device=self.device).repeat(2)
         self.slots = torch.arange(width, device=self.device)
-        self.steps = [Step(layout(self.device, b, [1] * b, [-1] * b), self.inputs, self.update)]
+        self.steps = [Step(layout(self.device, b, [1] * b, [-1] * b), self.inputs,
+                           self.pick(self.update, self.update_native))]
 
     def inputs(self, st):
         padded = torch.where(self.slots < st.draft_len, st.draft, self.mask_id)
@@ -34,3 +35,9 @@ class Packed(Schedule):
         proposal = self.propose(logits[b + 1:], u)          # line 4: z^(1..W) | P_{t-1}
         a = self.commit(st, emitted, n_accept, active)          # lines 9-11
         retain(st, *proposal, a, active)                        # lines 12-13
+
+    def update_native(self, st, logits):
+        """update() in one epilogue call: verify rows [0, B), proposals z^(1..W) = rows [B+1, 2B)."""
+        b = self.block
+        rows = self.epilogue.rows(logits)
+        self.epilogue.step(st, verify=rows[:b], propose=rows[b + 1:], retain="a")

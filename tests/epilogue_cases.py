@@ -1,0 +1,197 @@
+"""Random single-step cases for the compiled epilogue: a DecodeState, a schedule step and its logits.
+
+Each case is drawn from a seeded generator and steered towards the corners that matter: ties in the
+logits, one-hot targets, zeros in p or in the stored Q, full acceptance (greedy: the verifier agrees
+with the draft; sampled: p equals the stored Q), rejection at the first position (p(d_1) = 0), a stop
+token inside the accepted run, the length cap inside the accepted run, finished states, short drafts.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from scipy.stats import chi2
+
+from packed_ss.epilogue import NativeEpilogue
+from packed_ss.sampling import SamplingParams, densify, sample_sparse, truncated_probs
+from packed_ss.schedules import SCHEDULES
+from packed_ss.state import DecodeState
+
+PARAMS = [SamplingParams(), SamplingParams(1.0), SamplingParams(0.7, top_k=3), SamplingParams(1.3, top_p=0.8),
+          SamplingParams(0.9, top_k=5, top_p=0.9)]
+# (schedule, step): an index into Schedule.steps, or "prefill"
+STEPS = [("ar", 0), ("ar", "prefill"), ("linear", 0), ("linear", 1), ("linear", "prefill"), ("quadratic", 0),
+         ("quadratic", "prefill"), ("packed", 0), ("packed", "prefill")]
+
+
+@dataclass
+class Case:
+    schedule: str
+    step: int | str
+    width: int
+    vocab: int
+    params: SamplingParams
+    state: DecodeState
+    logits: torch.Tensor
+    prompt_len: int
+
+    @property
+    def dense(self) -> bool:
+        return not self.params.greedy and self.params.top_k is None and self.params.top_p is None
+
+    def model(self, device="cpu"):
+        return SimpleNamespace(device=torch.device(device), cfg=SimpleNamespace(mask_token_id=self.vocab - 1,
+                                                                                vocab_size=self.vocab))
+
+    def run(self, native: bool, device="cpu") -> DecodeState:
+        """A copy of the state after the step, with the torch reference or the compiled epilogue."""
+        sched = SCHEDULES[self.schedule](self.model(device), self.width, self.params, native=native)
+        st = clone(self.state, device)
+        if self.step == "prefill":
+            step = sched.prefill(torch.zeros(self.prompt_len, dtype=torch.int64, device=device))
+        else:
+            step = sched.steps[self.step]
+        step.update(st, self.logits.to(device))
+        return st
+
+
+def clone(st: DecodeState, device="cpu") -> DecodeState:
+    return DecodeState(**{k: v.clone().to(device) for k, v in st.tensors().items()})
+
+
+def differences(ref: DecodeState, got: DecodeState, dense: bool) -> list[str]:
+    """Fields that differ (DecodeState.q_idx is not maintained by the native path for dense Q)."""
+    return [k for k, v in ref.tensors().items()
+            if not (dense and k == "q_idx") and not torch.equal(v.cpu(), got.tensors()[k].cpu())]
+
+
+def make_case(seed: int, vocabs=(4, 9, 33, 100), max_width: int = 6) -> Case:
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    schedule, step = rng.choice(STEPS)
+    params = rng.choice(PARAMS)
+    vocab, width = rng.choice(vocabs), rng.randint(1, max_width)
+    dtype = rng.choice([torch.float32, torch.float32, torch.float64, torch.bfloat16])
+    sampled = not params.greedy
+    support = params.support(vocab) if sampled else 1
+    block = width + 1
+
+    # the stored draft and its Q: drawn from a drafter's truncated distribution, as retain stores them
+    scale = rng.choice([0.5, 2.0, 5.0])
+    drafter = torch.randn(width, vocab, generator=gen) * scale
+    if rng.random() < 0.2:
+        drafter = (drafter * 2).round() / 2                               # ties
+    draft_len = rng.choice([width, width, rng.randint(0, width)])
+    if sampled:
+        q_idx, q_prob = truncated_probs(drafter.to(dtype), params)
+        u = torch.rand(width, generator=gen, dtype=torch.float64)
+        draft = sample_sparse(q_idx, q_prob, u)
+        q_idx, q_prob = q_idx.contiguous().clone(), q_prob.double().contiguous().clone()
+        if rng.random() < 0.15:                                           # a zero in Q at a drafted token
+            i = rng.randrange(width)
+            q_prob[i][q_idx[i] == draft[i]] = 0.0
+        if rng.random() < 0.1:                                            # a draft token outside Q's support
+            draft[rng.randrange(width)] = rng.randrange(vocab)
+    else:
+        q_idx = torch.zeros(width, 1, dtype=torch.int64)
+        q_prob = torch.zeros(width, 1, dtype=torch.float64)
+        draft = drafter.argmax(-1)
+        if rng.random() < 0.5:
+            draft = torch.randint(0, vocab, (width,), generator=gen)
+
+    # verifier rows: agree with the draft on a leading run of random length, then anything
+    rows = _rows(schedule, step, width, rng)
+    prompt_len = (rows - (block if schedule != "ar" else 0)) if step == "prefill" else 0
+    logits = torch.randn(rows, vocab, generator=gen) * scale
+    if rng.random() < 0.2:
+        logits = (logits * 2).round() / 2
+    verifies = step != "prefill" and (schedule, step) != ("linear", 1) and schedule != "ar"
+    if verifies:
+        agree = rng.choice([0, width, rng.randint(0, width)])
+        for i in range(agree):
+            if sampled:
+                logits[i] = drafter[i]                                    # p_i == Q_i: accepted
+            else:
+                logits[i, draft[i]] = logits[i].max() + 1.0               # argmax == d_i
+        if rng.random() < 0.2:
+            logits[0, draft[0]] = float("-inf")                           # p_1(d_1) = 0: rejected at once
+    for i in range(rows):
+        if rng.random() < 0.1:                                            # one-hot target
+            hot = rng.randrange(vocab)
+            logits[i] = -1e4
+            logits[i, hot] = 0.0
+
+    # stop ids (maybe a draft token, so that a stop lands inside the accepted run) and the length cap
+    stop = rng.sample(range(vocab), rng.randint(0, min(3, vocab)))
+    if rng.random() < 0.3 and width > 1:
+        stop.append(int(draft[rng.randrange(width)]))
+    max_new = rng.randint(1, 40)
+    n_out = rng.choice([0, rng.randint(0, max_new - 1), max(0, max_new - rng.randint(1, 3))])
+    st = DecodeState.new(width, support, max_new, sorted(set(stop)), rng.getrandbits(63), "cpu")
+    st.draft.copy_(draft)
+    st.draft_len.fill_(draft_len)
+    st.q_idx.copy_(q_idx)
+    st.q_prob.copy_(q_prob)
+    st.out.copy_(torch.randint(0, vocab, st.out.shape, generator=gen))
+    st.n_out.fill_(n_out)
+    st.cache_len.fill_(rng.randint(0, 60))
+    st.last.fill_(rng.randrange(vocab))
+    st.offset.fill_(rng.getrandbits(rng.choice([8, 40, 62])))
+    st.nfe.fill_(rng.randint(0, 9))
+    st.n_verify.fill_(rng.randint(0, 9))
+    st.n_accepted.fill_(rng.randint(0, 9))
+    st.done.fill_(rng.random() < 0.1)
+    return Case(schedule, step, width, vocab, params, st, logits.to(dtype), prompt_len)
+
+
+def _rows(schedule, step, width, rng) -> int:
+    b = width + 1
+    if step == "prefill":
+        return rng.randint(1, 6) + (b if schedule != "ar" else 0)
+    return {"ar": 1, "linear": b, "packed": 2 * b, "quadratic": b * (b + 1)}[schedule]
+
+
+# -- the first emitted token's distribution ---------------------------------------------------------------
+def g_test(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of observed counts against probabilities (cells expected < 5 times pooled)."""
+    if (counts[probs == 0] > 0).any():
+        return 0.0                                    # an impossible outcome was observed
+    n = counts.sum().item()
+    expected = probs.double() * n
+    big = expected >= 5
+    obs = torch.cat([counts[big].double(), counts[~big].sum().double()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    g = 2 * sum(o * math.log(o / e) for o, e in zip(obs.tolist(), exp.tolist()) if o > 0)
+    return float(chi2.sf(g, max(1, len(obs) - 1)))
+
+
+def first_token_counts(device, params: SamplingParams, trials: int = 12000, width: int = 3, vocab: int = 6):
+    """Histogram of the first emitted token, drafts drawn from the stored Q; also p_1, Q_1 and the residual."""
+    gen = torch.Generator().manual_seed(11)
+    target = torch.randn(width + 1, vocab, generator=gen) * 1.5
+    drafter = torch.randn(width, vocab, generator=gen) * 1.5
+    q_idx, q_prob = truncated_probs(drafter, params)
+    p = densify(*truncated_probs(target, params), vocab)
+    q = densify(q_idx, q_prob, vocab)
+    ep = NativeEpilogue(device, width, params)
+    rows = ep.rows(target.to(device))
+    st = DecodeState.new(width, params.support(vocab), 10, [], 5, device)
+    st.q_idx.copy_(q_idx)
+    st.q_prob.copy_(q_prob.double())
+    st.draft_len.fill_(width)
+    drafts = torch.stack([torch.multinomial(q[i], trials, replacement=True, generator=gen) for i in range(width)], 1)
+    drafts = drafts.to(device)
+    counts = torch.zeros(vocab, dtype=torch.int64)
+    firsts = torch.empty(trials, dtype=torch.int64, device=device)
+    for t in range(trials):
+        st.draft.copy_(drafts[t])
+        st.offset.fill_(t)
+        ep.verify(st, rows)                  # phase 1 only: the state is left as it was
+        firsts[t] = ep.res[0]
+    counts += torch.bincount(firsts.cpu(), minlength=vocab)
+    residual = (p[0] - q[0]).clamp(min=0)
+    return counts, p[0], q[0], residual / residual.sum()

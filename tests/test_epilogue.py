@@ -1,0 +1,160 @@
+"""The compiled step epilogue (csrc/, packed_ss/epilogue.py) against the torch reference it replaces.
+
+1. Single steps: for many random states and logits (tests/epilogue_cases.py: ties, one-hot targets, zeros
+   in p or Q, full acceptance, rejection at the first position, stop tokens and the length cap inside the
+   accepted run, finished states) every schedule step leaves exactly the same DecodeState, bit for bit,
+   whether its update runs in torch or in the CPU build; the cases are checked to reach those corners.
+2. The emitted token's distribution: with drafts drawn from the stored Q, the first emitted token
+   follows the target p (G-test), and the same test rejects Q and the residual as targets (power).
+3. End to end: Engine(epilogue="native") gives the tokens of epilogue="torch" for every schedule,
+   greedy and sampled, on a tiny random model.
+4. Selection and errors: the default, the fallback when the module is missing, bad arguments.
+"""
+import pytest
+import torch
+
+import packed_ss
+import packed_ss.engine as engine_mod
+import packed_ss.epilogue as epilogue_mod
+from epilogue_cases import differences, first_token_counts, g_test, make_case
+from packed_ss.acceptance import verify_greedy, verify_sampled
+from packed_ss.epilogue import NativeEpilogue, native_available, native_module
+from packed_ss.sampling import SamplingParams, philox_uniform
+from tiny_models import checkpoint
+
+needs_native = pytest.mark.skipif(not native_available("cpu"),
+                                   reason=epilogue_mod.native_unavailable_reason("cpu") or "")
+PROMPT = [3, 17, 42, 8, 9]
+N_CASES = 1500
+
+
+# -- 1. single steps, bit for bit ---------------------------------------------------------------------------
+def _acceptance(case) -> int | None:
+    """A (= h + 1) of the reference verification for draft-verifying steps of active states, else None."""
+    st = case.state
+    if case.step == "prefill" or case.schedule == "ar" or (case.schedule, case.step) == ("linear", 1) or st.done:
+        return None
+    b = case.width + 1
+    if case.params.greedy:
+        return int(verify_greedy(st.draft, st.draft_len, case.logits[:b])[1])
+    u = philox_uniform(st.seed, st.offset, 2 * b + 1)
+    return int(verify_sampled(st.draft, st.draft_len, st.q_idx, st.q_prob, case.logits[:b], u, case.params)[1])
+
+
+@needs_native
+def test_random_steps_match_reference_bit_for_bit():
+    seen = dict(full=0, reject_first=0, partial=0, stop_inside=0, cap_inside=0, done=0, dense=0, sparse=0,
+                greedy=0, prefill=0)
+    for seed in range(N_CASES):
+        case = make_case(seed)
+        ref, got = case.run(native=False), case.run(native=True)
+        diff = differences(ref, got, case.dense)
+        assert not diff, (f"seed {seed}: {case.schedule} step {case.step} W={case.width} V={case.vocab} "
+                          f"{case.params} {case.logits.dtype}: fields {diff} differ")
+        # which corners this case reached
+        st, a_total = case.state, None
+        seen["done"] += bool(st.done)
+        seen["prefill"] += case.step == "prefill"
+        seen["greedy" if case.params.greedy else ("dense" if case.dense else "sparse")] += 1
+        a_total = _acceptance(case)
+        if a_total is None:
+            continue
+        draft_len, a = int(st.draft_len), int(ref.n_out - st.n_out)
+        seen["full"] += draft_len >= 1 and a_total == draft_len + 1
+        seen["reject_first"] += draft_len >= 1 and a_total == 1
+        seen["partial"] += 1 < a_total <= draft_len
+        if bool(ref.done) and a < a_total:
+            stopped = int(ref.last) in st.stop_ids.tolist()
+            seen["stop_inside" if stopped else "cap_inside"] += 1
+    assert min(seen.values()) >= 20, seen
+
+
+@needs_native
+def test_large_vocabulary_steps_match_reference():
+    """Vocabulary-sized scans (the dense residual, untruncated proposals) in float32 and float64."""
+    for seed in range(40):
+        case = make_case(10_000 + seed, vocabs=(5000, 32768), max_width=4)
+        diff = differences(case.run(native=False), case.run(native=True), case.dense)
+        assert not diff, (seed, case.schedule, case.step, case.params, diff)
+
+
+@needs_native
+def test_philox_matches_reference():
+    mod = native_module()
+    for seed, offset in [(0, 0), (1, 2**32 - 1), (2**63 - 1, 2**40 + 3), (123456789, 2**62 + 17)]:
+        ref = philox_uniform(torch.tensor(seed), torch.tensor(offset), 23).tolist()
+        assert [mod.philox_uniform(seed, offset, i) for i in range(23)] == ref
+
+
+# -- 2. the emitted token follows p ------------------------------------------------------------------------
+@needs_native
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=4)], ids=["dense", "top-k"])
+def test_first_emitted_token_follows_p(params):
+    counts, p, q, residual = first_token_counts("cpu", params)
+    assert g_test(counts, p) > 1e-4
+    assert g_test(counts, q) < 1e-6 and g_test(counts, residual) < 1e-6   # the test can tell them apart
+
+
+# -- 3. end to end ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model():
+    return packed_ss.load_model(checkpoint("llama-gqa"), dtype=torch.float32)
+
+
+SAMPLING = [dict(), dict(temperature=1.0, seed=5), dict(temperature=0.8, top_k=10, seed=3),
+            dict(temperature=1.3, top_p=0.8, seed=2)]
+
+
+@needs_native
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
+@pytest.mark.parametrize("sampling", SAMPLING, ids=["greedy", "T1", "top-k", "top-p"])
+def test_engine_native_matches_torch(model, schedule, sampling):
+    for eos in ([], None):   # no stop token; the config's EOS (95), which this model emits early
+        kwargs = dict(max_new_tokens=40, eos_token_id=eos, **sampling)
+        ref = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="torch").generate(PROMPT, **kwargs)
+        got = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="native").generate(PROMPT, **kwargs)
+        assert got.tokens == ref.tokens
+        assert (got.nfe, got.n_verify, got.n_accepted) == (ref.nfe, ref.n_verify, ref.n_accepted)
+
+
+# -- 4. selection and errors -------------------------------------------------------------------------------
+@needs_native
+def test_default_is_native_unless_compiled(model):
+    assert packed_ss.Engine(model).epilogue == "native"
+    assert packed_ss.Engine(model, compile="aot_eager").epilogue == "torch"
+    assert packed_ss.Engine(model, epilogue="torch").epilogue == "torch"
+
+
+def test_missing_module_degrades_to_torch_with_a_message(model, monkeypatch):
+    monkeypatch.setattr(epilogue_mod, "_loaded", True)
+    monkeypatch.setattr(epilogue_mod, "_module", None)
+    monkeypatch.setattr(epilogue_mod, "_error", "simulated: no such module")
+    monkeypatch.setattr(engine_mod, "_warned_torch_epilogue", False)
+    with pytest.warns(RuntimeWarning, match="using the torch epilogue: .*simulated"):
+        engine = packed_ss.Engine(model)
+    assert engine.epilogue == "torch"
+    assert engine.generate(PROMPT, max_new_tokens=5, eos_token_id=[]).tokens
+    with pytest.raises(RuntimeError, match="native epilogue is not available.*pip install"):
+        packed_ss.Engine(model, epilogue="native")
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(epilogue="cuda"), ValueError, "epilogue must be one of"),
+    (dict(epilogue="native", compile=True), ValueError, "compile traces the torch epilogue"),
+])
+def test_bad_epilogue_arguments(model, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        packed_ss.Engine(model, **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or native_module() is None or not native_module().HAS_CUDA,
+                    reason="needs the CUDA build and no GPU")
+def test_cuda_path_without_gpu_raises_a_clear_error():
+    mod = native_module()
+    assert not native_available("cuda")
+    with pytest.raises(RuntimeError, match="no usable CUDA device"):
+        NativeEpilogue("cuda", 3, SamplingParams())
+    state = mod.State(*([0] * 16), 3, 1, 0)
+    with pytest.raises(RuntimeError, match="no usable CUDA device"):
+        mod.step_cuda(state, 32, mod.PHASE_BOTH, mod.VERIFY_DRAFT, mod.RETAIN_NONE, False, False, 4, 10,
+                      1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0)

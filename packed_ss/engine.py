@@ -1,6 +1,7 @@
 """The decode loop: a prefill call, then the schedule's fixed-shape steps until the stop flag is set."""
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -26,7 +27,7 @@ class GenerateResult:
     tokens: list[int]     # generated tokens only, a stop token included when one was emitted
     nfe: int              # model forward passes, prompt processing included
     wall_s: float         # decoder wall time (prefill and every step)
-    model_s: float        # the part of wall_s spent in model calls
+    model_s: float        # the part of wall_s spent in model calls (nan with cuda_graph=True: not separable)
     n_verify: int = 0     # verification calls (speculative schedules)
     n_accepted: int = 0   # draft tokens accepted over all verifications
 
@@ -51,7 +52,7 @@ class Engine:
 
     def __init__(self, model: DualModeModel, schedule: str = "packed", width: int = 8,
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
-                 epilogue: str | None = None):
+                 epilogue: str | None = None, cuda_graph: bool = False):
         """`compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
         torch.compile backend name); `max_seq_len` caps prompt + new tokens (default: the model's).
 
@@ -59,23 +60,31 @@ class Engine:
         of the compiled epilogue (csrc/, packed_ss/epilogue.py), "torch" in the plain-torch reference;
         both give identical tokens. Default: native when it is built for the model's device and
         `compile` is off, else torch (with a one-time warning saying why).
+        `cuda_graph`: on CUDA, capture each decode step once per call shape and replay it; the host
+        only polls the stop flag, copied asynchronously and read one iteration late.
         """
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
         _check_int("width", width, 1, MAX_WIDTH)
         if epilogue is not None and epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES} or None, got {epilogue!r}")
+        if cuda_graph and model.device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs a model on a CUDA device, got {model.device}")
+        if cuda_graph and compile:
+            raise ValueError("cuda_graph=True and compile cannot be combined")
         if epilogue == "native" and compile:
             raise ValueError("compile traces the torch epilogue: use epilogue='torch' (or leave it unset)")
         self.model, self.schedule_name, self.width = model, schedule, width
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         _check_int("max_seq_len", self.max_seq_len, 2)
         self.compile = compile
+        self.cuda_graph = bool(cuda_graph)
         self.epilogue = self._pick_epilogue(epilogue, model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         self.attend = attention_backend(self.backend)
         self._cache: KVCache | None = None
         self._schedules: dict[SamplingParams, Schedule] = {}
+        self._graphs: dict[SamplingParams, _GraphSlot] = {}
 
     def _pick_epilogue(self, epilogue: str | None, device) -> str:
         global _warned_torch_epilogue
@@ -165,8 +174,14 @@ class Engine:
         device = self.model.device
         sched = self._schedule(params)
         support = params.support(self.model.cfg.vocab_size) if not params.greedy else 1
-        cache = self._cache_for(len(prompt) + max_new_tokens + 2 * sched.block)
-        st = DecodeState.new(self.width, support, max_new_tokens, stop_ids, seed, device)
+        if self.cuda_graph:
+            slot = self._graph_slot(params, sched, support, len(stop_ids))
+            cache, st = slot.cache, slot.state
+            st.copy_(DecodeState.new(self.width, support, max_new_tokens, stop_ids, seed, device,
+                                     out_len=st.out.numel(), stop_slots=st.stop_ids.numel()))
+        else:
+            cache = self._cache_for(len(prompt) + max_new_tokens + 2 * sched.block)
+            st = DecodeState.new(self.width, support, max_new_tokens, stop_ids, seed, device)
         model_s = 0.0
         start = time.perf_counter()
         with torch.inference_mode():
@@ -176,8 +191,12 @@ class Engine:
             logits = self._call(*prefill.inputs(st), prefill.layout, cache, st.cache_len)
             model_s += time.perf_counter() - t0
             prefill.update(st, logits)
+            if self.cuda_graph:
+                if not bool(st.done):
+                    self._decode_graphs(slot, sched, max_new_tokens)
+                model_s = float("nan")
             rounds = 0
-            while not bool(st.done):
+            while not self.cuda_graph and not bool(st.done):
                 rounds += 1
                 if rounds > max_new_tokens:   # every active round emits >= 1 token
                     raise RuntimeError("decoder made no progress; this is a bug")
@@ -196,3 +215,67 @@ class Engine:
             tokens = st.out[:n_out].tolist()
         return GenerateResult(tokens, int(st.nfe), time.perf_counter() - start, model_s,
                               int(st.n_verify), int(st.n_accepted))
+
+    # -- CUDA graphs -----------------------------------------------------------------------------------
+    def _graph_slot(self, params: SamplingParams, sched: Schedule, support: int, n_stop: int) -> "_GraphSlot":
+        """Persistent state and cache for one sampling setting: the captured steps read fixed addresses."""
+        slot = self._graphs.get(params)
+        if slot is None or slot.state.stop_ids.numel() < n_stop:
+            device = self.model.device
+            cache = self._cache_for(self.max_seq_len + 2 * sched.block)   # the largest view: never regrown
+            state = DecodeState.new(self.width, support, self.max_seq_len, [], 0, device,
+                                    stop_slots=max(8, n_stop))
+            slot = self._graphs[params] = _GraphSlot(state, cache)
+        return slot
+
+    def _decode_graphs(self, slot: "_GraphSlot", sched: Schedule, max_new_tokens: int) -> None:
+        """Replay the captured steps until the state is done, polling `done` one iteration late."""
+        st = slot.state
+        if slot.replays is None:
+            # One eager iteration first (lazy initialisation, Triton and cuBLAS set-up, as torch's graph docs
+            # ask); it is also the first real iteration. Then capture each step once.
+            runs = [functools.partial(self._runner(step), st, slot.cache) for step in sched.steps]
+            self._warm_up(runs)
+            slot.replays = [self._capture(run, slot) for run in runs]
+        flags, events = slot.flags, slot.events
+        for k in range(max_new_tokens + 2):   # every active iteration emits >= 1 token; +1 for the late poll
+            for replay in slot.replays:
+                replay()
+            flags[k % 2].copy_(st.done, non_blocking=True)
+            events[k % 2].record()
+            if k > 0:   # iteration k is queued behind k - 1: wait for k - 1 only
+                events[(k - 1) % 2].synchronize()
+                if flags[(k - 1) % 2]:
+                    return
+        raise RuntimeError("decoder made no progress; this is a bug")
+
+    def _warm_up(self, runs) -> None:
+        side = torch.cuda.Stream(self.model.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for run in runs:
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+
+    def _capture(self, run, slot: "_GraphSlot"):
+        """run() captured in a CUDA graph (the slot's graphs share one memory pool and always replay in
+        capture order); returns the graph's replay."""
+        if slot.pool is None:
+            slot.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=slot.pool):
+            run()
+        return graph.replay
+
+
+class _GraphSlot:
+    """What the captured steps of one sampling setting read: a persistent DecodeState and the cache; the
+    replays once captured; the pinned stop flags the host polls, with their events."""
+
+    def __init__(self, state: DecodeState, cache: KVCache):
+        self.state, self.cache = state, cache
+        self.replays: list | None = None
+        self.pool = None
+        pinned = torch.zeros(2, dtype=torch.bool, pin_memory=True)
+        self.flags = [pinned[0], pinned[1]]
+        self.events = [torch.cuda.Event(), torch.cuda.Event()]

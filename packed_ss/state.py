@@ -34,22 +34,37 @@ class DecodeState:
     n_accepted: torch.Tensor
 
     @classmethod
-    def new(cls, width: int, support: int, max_new: int, stop_ids, seed: int, device) -> "DecodeState":
+    def new(cls, width: int, support: int, max_new: int, stop_ids, seed: int, device,
+            out_len: int | None = None, stop_slots: int | None = None) -> "DecodeState":
+        """A fresh state. `out_len` / `stop_slots` fix the output buffer length and the number of stop-id
+        slots (padded with -1, which no token matches), so that states of different requests share shapes."""
         def scalar(v, dtype=torch.int64):
             return torch.tensor(v, dtype=dtype, device=device)
+        stop = sorted(stop_ids)
+        if stop_slots is not None:
+            if len(stop) > stop_slots:
+                raise ValueError(f"{len(stop)} stop ids do not fit {stop_slots} slots")
+            stop = stop + [-1] * (stop_slots - len(stop))
+        out_len = max(out_len or 0, max_new + 2 * (width + 1))
         return cls(
             cache_len=scalar(0), last=scalar(0),
             draft=torch.zeros(width, dtype=torch.int64, device=device), draft_len=scalar(0),
             q_idx=torch.zeros(width, support, dtype=torch.int64, device=device),
             q_prob=torch.zeros(width, support, dtype=torch.float64, device=device),
-            out=torch.zeros(max_new + 2 * (width + 1), dtype=torch.int64, device=device),
+            out=torch.zeros(out_len, dtype=torch.int64, device=device),
             n_out=scalar(0), done=scalar(False, torch.bool), seed=scalar(seed), offset=scalar(0),
-            stop_ids=torch.tensor(sorted(stop_ids), dtype=torch.int64, device=device),
+            stop_ids=torch.tensor(stop, dtype=torch.int64, device=device),
             max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0),
         )
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def copy_(self, other: "DecodeState") -> "DecodeState":
+        """Overwrite every field in place (same shapes): a persistent state keeps its addresses."""
+        for name, value in other.tensors().items():
+            getattr(self, name).copy_(value)
+        return self
 
     def assign(self, active: torch.Tensor, **values: torch.Tensor) -> None:
         """In-place update of the named fields, only where `active` (a finished state stays put)."""

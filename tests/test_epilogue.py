@@ -9,7 +9,11 @@
 3. End to end: Engine(epilogue="native") gives the tokens of epilogue="torch" for every schedule,
    greedy and sampled, on a tiny random model.
 4. Selection and errors: the default, the fallback when the module is missing, bad arguments.
+5. The CUDA-graph decode loop's host logic, on the CPU with eager stand-ins for capture and events
+   (tests/test_gpu.py replays real graphs).
 """
+import math
+
 import pytest
 import torch
 
@@ -140,6 +144,7 @@ def test_missing_module_degrades_to_torch_with_a_message(model, monkeypatch):
 
 @pytest.mark.parametrize("kwargs,error,message", [
     (dict(epilogue="cuda"), ValueError, "epilogue must be one of"),
+    (dict(cuda_graph=True), ValueError, "cuda_graph=True needs a model on a CUDA device"),
     (dict(epilogue="native", compile=True), ValueError, "compile traces the torch epilogue"),
 ])
 def test_bad_epilogue_arguments(model, kwargs, error, message):
@@ -158,3 +163,63 @@ def test_cuda_path_without_gpu_raises_a_clear_error():
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mod.step_cuda(state, 32, mod.PHASE_BOTH, mod.VERIFY_DRAFT, mod.RETAIN_NONE, False, False, 4, 10,
                       1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0)
+
+
+# -- 5. the CUDA-graph decode loop's logic, on the CPU ----------------------------------------------------------
+class _Event:
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+@pytest.fixture
+def eager_graphs(monkeypatch):
+    """Engine(cuda_graph=True) on the CPU: capture returns the step itself, events and flags are plain."""
+    replays = []
+
+    def capture(self, run, slot):
+        def replay():
+            replays.append(1)
+            run()
+        return replay
+
+    def slot_init(self, state, cache):
+        self.state, self.cache, self.replays, self.pool = state, cache, None, None
+        flags = torch.zeros(2, dtype=torch.bool)
+        self.flags, self.events = [flags[0], flags[1]], [_Event(), _Event()]
+
+    monkeypatch.setattr(engine_mod.Engine, "_warm_up", lambda self, runs: [run() for run in runs])
+    monkeypatch.setattr(engine_mod.Engine, "_capture", capture)
+    monkeypatch.setattr(engine_mod._GraphSlot, "__init__", slot_init)
+    return replays
+
+
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
+@pytest.mark.parametrize("epilogue", [pytest.param("native", marks=needs_native), "torch"])
+def test_graph_loop_on_cpu_matches_eager(model, eager_graphs, schedule, epilogue):
+    """Persistent state reset per request, stop flag polled one iteration late (at most one no-op
+    iteration of overshoot), reuse across requests with other lengths, seeds and stop ids."""
+    eager = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue)
+    graphed = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue)
+    graphed.cuda_graph = True          # the CPU stand-ins replace capture and events (fixture)
+    requests = [dict(prompt=PROMPT, max_new_tokens=30, eos_token_id=[]),
+                dict(prompt=list(range(1, 20)), max_new_tokens=25, eos_token_id=None, temperature=1.0),
+                dict(prompt=PROMPT[:2], max_new_tokens=1, eos_token_id=[]),
+                dict(prompt=PROMPT, max_new_tokens=20, stop_token_ids=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+                     temperature=0.9, top_k=8)]
+    for i, req in enumerate(requests * 2):
+        kwargs = dict(req, seed=i)
+        prompt = kwargs.pop("prompt")
+        want = eager.generate(prompt, **kwargs)
+        del eager_graphs[:]
+        got = graphed.generate(prompt, **kwargs)
+        assert got.tokens == want.tokens, (i, got.tokens, want.tokens)
+        assert (got.nfe, got.n_verify, got.n_accepted) == (want.nfe, want.n_verify, want.n_accepted)
+        assert math.isnan(got.model_s)
+        steps = len(graphed._schedule(SamplingParams(float(kwargs.get("temperature", 0.0)), kwargs.get("top_k")))
+                    .steps)
+        iterations = len(eager_graphs) // steps
+        calls = want.nfe - 1                      # eager iterations after the prefill, in model calls
+        assert iterations <= -(-calls // steps) + 1, (iterations, calls)

@@ -1,0 +1,94 @@
+"""CUDA-only: the CUDA epilogue against the CPU build, and CUDA-graph decoding against eager decoding.
+
+1. Single steps (tests/epilogue_cases.py): the same inputs (the rows the epilogue consumes are computed on
+   the CPU and copied over, so torch's CUDA softmax plays no part) leave the same DecodeState on the GPU as
+   in the CPU build. The CUDA inverse CDF sums in parallel chunks: it could differ from the CPU build only
+   where a double-rounded prefix lands on a float boundary next to the target, which these cases never hit.
+2. The first emitted token follows p on the GPU too.
+3. Engine(cuda_graph=True) emits the tokens of eager decoding, for every schedule, greedy and sampled,
+   with either epilogue, across repeated requests on one engine (captured graphs reused).
+"""
+import pytest
+import torch
+
+import packed_ss
+import packed_ss.epilogue as epilogue_mod
+from epilogue_cases import differences, first_token_counts, g_test, make_case
+from packed_ss.epilogue import NativeEpilogue, native_available
+from packed_ss.sampling import SamplingParams
+from tiny_models import checkpoint
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_cuda_native = pytest.mark.skipif(not torch.cuda.is_available() or not native_available("cuda"),
+                                       reason="needs the CUDA build of the native epilogue and a GPU")
+PROMPT = [3, 17, 42, 8, 9]
+
+
+@pytest.fixture
+def rows_from_cpu(monkeypatch):
+    """Make every NativeEpilogue compute its rows on the CPU and copy them to its device."""
+    rows = NativeEpilogue.rows
+
+    def cpu_rows(self, logits):
+        r = rows(self, logits.cpu())
+        for name in ("arg", "idx", "prob"):
+            t = getattr(r, name)
+            if t is not None:
+                setattr(r, name, t.to(self.device))
+        return r
+
+    monkeypatch.setattr(NativeEpilogue, "rows", cpu_rows)
+
+
+@needs_cuda_native
+@pytest.mark.parametrize("vocabs,max_width,n", [((4, 9, 33, 100), 6, 600), ((5000, 32768, 131072), 8, 30)],
+                         ids=["small", "vocab-sized"])
+def test_cuda_steps_match_cpu_build(rows_from_cpu, vocabs, max_width, n):
+    for seed in range(n):
+        case = make_case(20_000 + seed, vocabs=vocabs, max_width=max_width)
+        cpu, gpu = case.run(native=True), case.run(native=True, device="cuda")
+        diff = differences(cpu, gpu, case.dense)
+        assert not diff, (seed, case.schedule, case.step, case.width, case.vocab, case.params, diff)
+
+
+@needs_cuda_native
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=4)], ids=["dense", "top-k"])
+def test_first_emitted_token_follows_p_on_gpu(params):
+    counts, p, q, residual = first_token_counts("cuda", params)
+    assert g_test(counts, p) > 1e-4
+    assert g_test(counts, q) < 1e-6 and g_test(counts, residual) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def model():
+    return packed_ss.load_model(checkpoint("llama-gqa"), device="cuda", dtype=torch.float32)
+
+
+REQUESTS = [dict(prompt=PROMPT, max_new_tokens=40, eos_token_id=[]),
+            dict(prompt=list(range(1, 30)), max_new_tokens=25, eos_token_id=None),
+            dict(prompt=PROMPT[:2], max_new_tokens=1, eos_token_id=[])]
+
+
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
+@pytest.mark.parametrize("epilogue", ["native", "torch"])
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=1.0, top_k=20)], ids=["greedy", "sampled"])
+def test_graph_replay_matches_eager(model, schedule, epilogue, sampling):
+    if epilogue == "native" and not native_available("cuda"):
+        pytest.skip(epilogue_mod.native_unavailable_reason("cuda"))
+    eager = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue)
+    graphed = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue, cuda_graph=True)
+    for i, req in enumerate(REQUESTS * 2):      # twice: the second round replays graphs captured in the first
+        kwargs = dict(req, **sampling, seed=i)
+        prompt = kwargs.pop("prompt")
+        want, got = eager.generate(prompt, **kwargs), graphed.generate(prompt, **kwargs)
+        assert got.tokens == want.tokens, (i, got.tokens, want.tokens)
+        assert (got.nfe, got.n_verify, got.n_accepted) == (want.nfe, want.n_verify, want.n_accepted)
+
+
+@needs_cuda_native
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
+def test_native_matches_torch_on_gpu_greedy(model, schedule):
+    kwargs = dict(max_new_tokens=40, eos_token_id=[])
+    ref = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="torch").generate(PROMPT, **kwargs)
+    got = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="native").generate(PROMPT, **kwargs)
+    assert got.tokens == ref.tokens and got.nfe == ref.nfe

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One prepared device check for an H200 (or any CUDA machine): install packed-ss without network, run the
-# kernel tests on CUDA (fp32, bf16, fp16 against the torch reference; triton vs torch decoding), then the
-# packed-attention benchmark with a launch-config sweep. Everything lands in $OUT (at most 6 files).
+# One prepared device check for an H200 (or any CUDA machine): install packed-ss without network (this also
+# builds the native step epilogue, csrc/, with the image's cmake, pybind11 and nvcc), run the kernel tests
+# on CUDA (fp32, bf16, fp16 against the torch reference; triton vs torch decoding) together with the CUDA
+# epilogue and CUDA-graph tests (tests/test_gpu.py, tests/test_epilogue.py), then the packed-attention
+# benchmark with a launch-config sweep, then the epilogue benchmark (eager vs CUDA graph, torch vs native).
+# Everything lands in $OUT (at most 8 files).
 #
 # Written for the device image (python3 = /opt/torch/.venv, torch 2.11 + cu130, triton 3.6, numpy 2.5;
 # no flash-attn): nothing is fetched; stage time limits leave room to rerun inside one 10-minute call.
-#   run: command="bash bench/gpu_check.sh", timeout_s=540 (stages stop at 4 + 4 minutes)
+#   run: command="bash bench/gpu_check.sh", timeout_s=540 (stages stop at 4 + 3.25 + 0.75 minutes)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -21,23 +24,36 @@ unset TRITON_INTERPRET
 transformers.__version__); print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))"
 } 2>&1 | tee "$OUT/env.txt"
 
-# Install (no index, no build isolation: the image's setuptools builds it). A copy of the sources with
-# kernels/ placed at packed_ss/kernels is the fallback if pip cannot build here.
+# Install (no index, no build isolation: the image's setuptools builds it, and CMake the native epilogue).
+# A copy of the sources with kernels/ placed at packed_ss/kernels, and the epilogue built by CMake straight
+# into it, is the fallback if pip cannot build here.
 cd /tmp || exit 1
-if ! $PY -m pip install -q --no-deps --no-build-isolation --no-index "$REPO" >>"$OUT/env.txt" 2>&1 \
+export PACKED_SS_BUILD_JOBS=8
+if ! $PY -m pip install -v --no-deps --no-build-isolation --no-index "$REPO" >>"$OUT/env.txt" 2>&1 \
    || ! $PY -c "import packed_ss.kernels.attention" >>"$OUT/env.txt" 2>&1; then
   echo "pip install failed; using a source copy on PYTHONPATH" | tee -a "$OUT/env.txt"
   rm -rf /tmp/pss && mkdir -p /tmp/pss && cp -r "$REPO/packed_ss" /tmp/pss/ && cp -r "$REPO/kernels" /tmp/pss/packed_ss/kernels
+  cmake -S "$REPO" -B /tmp/pss_build -DPython_EXECUTABLE="$(command -v $PY)" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_LIBRARY_OUTPUT_DIRECTORY=/tmp/pss/packed_ss >>"$OUT/env.txt" 2>&1 \
+    && cmake --build /tmp/pss_build --parallel 8 >>"$OUT/env.txt" 2>&1
   export PYTHONPATH=/tmp/pss
 fi
 $PY -c "import packed_ss.kernels.attention as m; print('packed_ss.kernels from', m.__file__)" 2>&1 | tee -a "$OUT/env.txt"
+$PY -c "from packed_ss.epilogue import main; main([])" 2>&1 | tee -a "$OUT/env.txt"
 
 # Tests run from /tmp so that the repo's own packed_ss/ (which has no kernels/) cannot shadow the install;
 # pytest-xdist (on the image) spreads the Triton compiles over the CPUs.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
-timeout 240 $PY -m pytest -q -p no:cacheprovider $XDIST "$REPO/tests/test_kernels.py" --durations=10 \
-  --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
+timeout 240 $PY -m pytest -q -p no:cacheprovider $XDIST "$REPO/tests/test_kernels.py" "$REPO/tests/test_gpu.py" \
+  "$REPO/tests/test_epilogue.py" --durations=10 --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
 echo "tests exit: ${PIPESTATUS[0]}" | tee -a "$OUT/tests.log"
 
-timeout 240 $PY "$REPO/bench/attention.py" --sweep --out "$OUT/attention.json" 2>&1 | tee "$OUT/bench.log"
+timeout 195 $PY "$REPO/bench/attention.py" --sweep --out "$OUT/attention.json" 2>&1 | tee "$OUT/bench.log"
 echo "bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+
+# Non-model decoder time per iteration at vocab 131072 (rows print and the JSON is rewritten as they come,
+# so a cut run keeps what it measured; packed first).
+timeout 45 $PY "$REPO/bench/epilogue.py" --device cuda --vocab 131072 --iters 100 \
+  --schedules packed linear quadratic ar --sampling greedy top-k50-p0.9 --out "$OUT/epilogue.json" \
+  2>&1 | tee "$OUT/epilogue.log"
+echo "epilogue bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/epilogue.log"

@@ -174,7 +174,8 @@ int launch(const State& st, const Step<T>& s, int32_t phase, void* stream, char*
   if (s.sampled && (phase & kPhaseCommit) && s.retain != kRetainNone) {
     const int64_t total = st.width * st.support;
     const int blocks = static_cast<int>(imax(1, imin((total + 255) / 256, 2048)));
-    retain_q_kernel<T><<<blocks, 256, 0, cs>>>(st, s.dense ? nullptr : s.z_idx, s.z_prob, s.z_k, s.n_z, s.res + s.block + 1);
+    const int64_t* z_idx = s.dense ? nullptr : s.z_idx;
+    retain_q_kernel<T><<<blocks, 256, 0, cs>>>(st, z_idx, s.z_prob, s.z_k, s.n_z, s.res + s.block + 1);
     e = cudaGetLastError();
   }
   return report(e, err, err_len);

@@ -99,9 +99,9 @@ void def_step(py::module_& m, const char* name, Run32 run32, Run64 run64) {
   m.def(
       name,
       [run32, run64](const State& st, int32_t prob_bits, int32_t phase, int32_t verify, int64_t retain, bool sampled,
-                     bool dense, int64_t block, int64_t vocab, uintptr_t v_arg, uintptr_t v_idx, uintptr_t v_prob, int64_t v_k,
-                     uintptr_t z_arg, uintptr_t z_idx, uintptr_t z_prob, int64_t z_k, int64_t n_z, uintptr_t scratch,
-                     uintptr_t res, uintptr_t stream) {
+                     bool dense, int64_t block, int64_t vocab, uintptr_t v_arg, uintptr_t v_idx, uintptr_t v_prob,
+                     int64_t v_k, uintptr_t z_arg, uintptr_t z_idx, uintptr_t z_prob, int64_t z_k, int64_t n_z,
+                     uintptr_t scratch, uintptr_t res, uintptr_t stream) {
         const Args a{phase, verify, retain, sampled, dense, block,   vocab, v_arg, v_idx,
                      v_prob, v_k,   z_arg,  z_idx,   z_prob, z_k,   n_z,     scratch, res};
         if (prob_bits == 32)

@@ -106,6 +106,8 @@ class NativeEpilogue:
             raise RuntimeError(reason)
         self.mod = native_module()
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:   # tensors report cuda:N
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.cuda = self.device.type == "cuda"
         self._step = self.mod.step_cuda if self.cuda else self.mod.step_cpu
         self.width, self.block, self.params = width, width + 1, params

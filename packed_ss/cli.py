@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
     gen.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
     gen.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    gen.add_argument("--threads", type=_positive_int, default=1,
+                     help="CPU threads for torch (default 1: fastest for small models, whose calls are "
+                          "overhead-bound)")
     sub.add_parser(
         "bench", add_help=False, help="benchmark the schedules (throughput, intervals, peers; see bench --help)",
         description="Forwards every argument to the benchmark (packed_ss/bench.py).")
@@ -63,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def generate(args) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    torch.set_num_threads(args.threads)
     log(f"loading model {args.model or '(embedded default)'} ...")
     model = load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
     tokenizer = load_tokenizer(args.model)

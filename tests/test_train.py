@@ -121,20 +121,26 @@ def test_draft_queries_match_training_layout():
     assert torch.equal(ar_pred, logits[0, :12].argmax(-1))
 
 
-def test_smoke_training(tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _micro_run(tmp_path, name):
     data = tmp_path / "data"
-    data.mkdir()
-    for i in range(24):
-        body = "\n".join(f"    x{j} = {i} * {j} + len('abc{j}')" for j in range(12))
-        (data / f"mod_{i}.py").write_text(f'def f{i}(a, b):\n    """Doc {i}."""\n{body}\n    return a + b\n')
-    out = tmp_path / "out"
-    t = time.time()
+    if not data.exists():
+        data.mkdir()
+        for i in range(24):
+            body = "\n".join(f"    x{j} = {i} * {j} + len('abc{j}')" for j in range(12))
+            (data / f"mod_{i}.py").write_text(f'def f{i}(a, b):\n    """Doc {i}."""\n{body}\n    return a + b\n')
+    out = tmp_path / name
     tr.main(["--out", str(out), "--data-dir", str(data), "--heldout-pct", "30", "--vocab", "300",
              "--hidden", "32", "--layers", "2", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
              "--intermediate", "64", "--max-pos", "128", "--seq-len", "32", "--batch", "2", "--steps", "4",
              "--warmup", "2", "--eval-seqs", "2", "--no-draft-check", "--log-every-s", "0"])
+    return out
+
+
+def test_smoke_training(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t = time.time()
+    out = _micro_run(tmp_path, "out")
     assert time.time() - t < 20
     for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "TRAINING.md"):
         assert (out / f).exists(), f
@@ -147,3 +153,10 @@ def test_smoke_training(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.tie_word_embeddings
     assert "held-out AR loss" in (out / "TRAINING.md").read_text()
+
+
+def test_training_is_deterministic(tmp_path):
+    a = _micro_run(tmp_path, "a")
+    b = _micro_run(tmp_path, "b")
+    for f in ("model.safetensors", "tokenizer.json"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f

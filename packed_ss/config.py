@@ -27,6 +27,7 @@ class ModelConfig:
     sliding_window: int | None = None
     llama4_scaling: tuple[float, int] | None = None   # (beta, original_max_position_embeddings)
     model_type: str = "llama"
+    any_order: bool = False   # SetDLM-style: mask rows verify in any order (paper appendix C)
 
     @property
     def max_seq_len(self) -> int:
@@ -101,6 +102,7 @@ def config_from_hf(raw: dict, where: str) -> ModelConfig:
         sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
         llama4_scaling=_llama4_scaling(rope) if model_type == "ministral3" else None,
         model_type=model_type,
+        any_order=bool(raw.get("any_order", False)),
     )
 
 

@@ -47,6 +47,17 @@ def _nemotron_to_hf(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
+def mask_token_from_tokenizer(path: Path) -> int | None:
+    """The id of the tokenizer's mask token (SetDLM checkpoints name it there, not in config.json)."""
+    tc_path, tok_path = path / "tokenizer_config.json", path / "tokenizer.json"
+    if not (tc_path.is_file() and tok_path.is_file()):
+        return None
+    mask = json.loads(tc_path.read_text()).get("mask_token")
+    mask = mask.get("content") if isinstance(mask, dict) else mask
+    added = json.loads(tok_path.read_text()).get("added_tokens", [])
+    return next((t["id"] for t in added if mask is not None and t["content"] == mask), None)
+
+
 def load_model(path: str | Path | None = None, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32) -> DualModeModel:
     """Load a model directory; `path=None` loads the embedded default model."""
@@ -54,6 +65,8 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "cpu
     if not (path / "config.json").is_file():
         raise ValueError(f"path: {path} has no config.json")
     raw = json.loads((path / "config.json").read_text())
+    if raw.get("mask_token_id") is None:
+        raw["mask_token_id"] = mask_token_from_tokenizer(path)
     tensors = _read_tensors(path)
     if NEMOTRON_HEAD in tensors or any(n.startswith(NEMOTRON_PREFIX) for n in tensors):
         cfg = config_from_nemotron(raw, str(path))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .any_order import ANY_ORDER_SCHEDULES, ORDERS, AnyOrderDecoder
 from .attention import attention_backend
 from .epilogue import native_unavailable_reason
 from .model import DualModeModel, KVCache
@@ -30,6 +31,7 @@ class GenerateResult:
     model_s: float        # the part of wall_s spent in model calls (nan with cuda_graph=True: not separable)
     n_verify: int = 0     # verification calls (speculative schedules)
     n_accepted: int = 0   # draft tokens accepted over all verifications
+    iterations: list | None = None   # any-order models: per iteration order, A_t, rows (any_order.Iteration)
 
     @property
     def tokens_per_nfe(self) -> float:
@@ -52,7 +54,7 @@ class Engine:
 
     def __init__(self, model: DualModeModel, schedule: str = "packed", width: int = 8,
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
-                 epilogue: str | None = None, cuda_graph: bool = False):
+                 epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None):
         """`compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
         torch.compile backend name); `max_seq_len` caps prompt + new tokens (default: the model's).
 
@@ -62,9 +64,25 @@ class Engine:
         `compile` is off, else torch (with a one-time warning saying why).
         `cuda_graph`: on CUDA, capture each decode step once per call shape and replay it; the host
         only polls the stop flag, copied asynchronously and read one iteration late.
+
+        Any-order (SetDLM-style) models (`any_order: true` in config.json) decode with paper Alg. 3:
+        `order` "ltr" (default) or "confidence" sets the verification order of packed / linear /
+        quadratic, and `schedule="native"` is the threshold decoder baseline; these schedules are
+        greedy (`ar` also samples) and run the host-driven loop of packed_ss.any_order.
         """
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+        any_order = model.cfg.any_order
+        schedules = ANY_ORDER_SCHEDULES if any_order else SCHEDULES
+        if schedule not in schedules:
+            kind = "an any-order" if any_order else "this (left-to-right)"
+            raise ValueError(f"schedule must be one of {sorted(schedules)} for {kind} model, got {schedule!r}")
+        if order is not None and order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS} or None, got {order!r}")
+        if order not in (None, "ltr") and (not any_order or schedule in ("ar", "native")):
+            raise ValueError(f"order={order!r} needs an any-order model and schedule packed, linear or "
+                             f"quadratic; got schedule {schedule!r} on a model with any_order={any_order}")
+        if any_order and (compile or cuda_graph or epilogue == "native"):
+            raise ValueError("compile, cuda_graph and epilogue='native' apply to the left-to-right schedules; "
+                             "an any-order model decodes with the host-driven any-order loop")
         _check_int("width", width, 1, MAX_WIDTH)
         if epilogue is not None and epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES} or None, got {epilogue!r}")
@@ -79,9 +97,11 @@ class Engine:
         _check_int("max_seq_len", self.max_seq_len, 2)
         self.compile = compile
         self.cuda_graph = bool(cuda_graph)
-        self.epilogue = self._pick_epilogue(epilogue, model.device)
+        self.epilogue = "torch" if any_order else self._pick_epilogue(epilogue, model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         self.attend = attention_backend(self.backend)
+        self.order = order or "ltr"
+        self._any_order = AnyOrderDecoder(model, schedule, width, self.order, self.attend) if any_order else None
         self._cache: KVCache | None = None
         self._schedules: dict[SamplingParams, Schedule] = {}
         self._graphs: dict[SamplingParams, _GraphSlot] = {}
@@ -153,10 +173,13 @@ class Engine:
     def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  eos_token_id: int | list[int] | None = None,
-                 stop_token_ids: list[int] | None = None) -> GenerateResult:
+                 stop_token_ids: list[int] | None = None,
+                 stop_sequences: list[list[int]] | None = None) -> GenerateResult:
         """Decode up to `max_new_tokens` after `prompt_ids`; stops after the first accepted stop token.
 
         Stop tokens are `stop_token_ids` plus `eos_token_id` (default: the model config's EOS ids).
+        `stop_sequences` (any-order models; one-token sequences also elsewhere): markers of several
+        tokens, recognised once all their tokens are accepted; the output ends with the earliest one.
         Temperature 0 is greedy decoding; otherwise tokens follow the AR distribution after
         temperature, top-k and top-p, exactly, whatever the schedule.
         """
@@ -166,10 +189,14 @@ class Engine:
         else:
             eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
         stop_ids = sorted(set(eos) | set(stop_token_ids or []))
+        sequences = self._stop_sequences(stop_sequences)
         self._validate(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop_ids)
         params = SamplingParams(float(temperature), top_k, None if top_p == 1 else top_p)
         if seed is None:
             seed = int.from_bytes(os.urandom(7), "little")
+        if self._any_order is not None:
+            return self._generate_any_order(prompt, max_new_tokens, params, seed, stop_ids, sequences)
+        stop_ids = sorted(set(stop_ids) | {s[0] for s in sequences})
 
         device = self.model.device
         sched = self._schedule(params)
@@ -215,6 +242,31 @@ class Engine:
             tokens = st.out[:n_out].tolist()
         return GenerateResult(tokens, int(st.nfe), time.perf_counter() - start, model_s,
                               int(st.n_verify), int(st.n_accepted))
+
+    def _stop_sequences(self, stop_sequences) -> list[tuple[int, ...]]:
+        vocab = self.model.cfg.vocab_size
+        sequences = []
+        for seq in stop_sequences or []:
+            if (not isinstance(seq, (list, tuple)) or not seq
+                    or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in seq)):
+                raise ValueError(f"stop_sequences must be non-empty lists of token ids in [0, {vocab}), got {seq!r}")
+            if len(seq) > 1 and self._any_order is None:
+                raise ValueError("stop_sequences of several tokens are supported on any-order models only; "
+                                 f"got {list(seq)} for schedule {self.schedule_name!r} on a left-to-right model")
+            sequences.append(tuple(seq))
+        return sequences
+
+    def _generate_any_order(self, prompt, max_new_tokens, params, seed, stop_ids, sequences) -> GenerateResult:
+        if not params.greedy and self.schedule_name != "ar":
+            raise ValueError(f"temperature must be 0 for the any-order schedule {self.schedule_name!r} (paper "
+                             "Alg. 3 is greedy); sampling on an any-order model needs schedule='ar'")
+        start = time.perf_counter()
+        st = self._any_order.generate(prompt, max_new_tokens, params, seed,
+                                      [(t,) for t in stop_ids] + sequences)
+        wall = time.perf_counter() - start
+        verified = [it for it in st.trace if self.schedule_name not in ("ar", "native")]
+        return GenerateResult(st.output(), st.nfe, wall, self._any_order.model_s, len(verified),
+                              sum(it.drafts_accepted for it in verified), st.trace)
 
     # -- CUDA graphs -----------------------------------------------------------------------------------
     def _graph_slot(self, params: SamplingParams, sched: Schedule, support: int, n_stop: int) -> "_GraphSlot":

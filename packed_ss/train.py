@@ -798,15 +798,20 @@ def write_report(out: Path, args, summary: dict, ev: dict) -> None:
     (out / "TRAINING.md").write_text("\n".join(lines))
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m packed_ss.train", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", help="output directory (HF layout)")
-    ap.add_argument("--eval-only", metavar="DIR", help="evaluate a saved model directory instead of training")
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """Seed, threads and corpus options shared with packed_ss.train_any_order."""
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data-dir", default=None, help="corpus root (default: the interpreter's stdlib)")
     ap.add_argument("--max-files", type=int, default=None)
     ap.add_argument("--heldout-pct", type=float, default=3.0)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m packed_ss.train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="output directory (HF layout)")
+    ap.add_argument("--eval-only", metavar="DIR", help="evaluate a saved model directory instead of training")
+    add_run_args(ap)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)

@@ -1,5 +1,6 @@
 """Command line: `python -m packed_ss generate PROMPT` decodes with every schedule and compares them;
-`python -m packed_ss bench ...` runs the schedule benchmark (packed_ss/bench.py)."""
+`python -m packed_ss bench ...` runs the schedule benchmark (packed_ss/bench.py) and
+`python -m packed_ss bench-any-order ...` the any-order one (packed_ss/bench_any_order.py)."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,11 @@ import time
 
 import torch
 
+from pathlib import Path
+
+from .any_order import ANY_ORDER_SCHEDULES, ORDERS
 from .engine import MAX_WIDTH, Engine
-from .loading import load_model
+from .loading import default_model_path, load_model
 from .schedules import SCHEDULES
 from .tokenizer import load_tokenizer
 
@@ -38,11 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "continuation for every schedule; sampling follows the same distribution.")
     gen.add_argument("prompt", help="text to continue, e.g. 'def fibonacci(n):'")
     gen.add_argument("--model", default=None,
-                     help="local model directory (HF or Nemotron-Labs-Diffusion layout with tokenizer.json); "
-                          "default: the tiny code model shipped with the package")
-    gen.add_argument("--schedule", choices=["all", *SCHEDULES], default="all",
+                     help="local model directory (HF or Nemotron-Labs-Diffusion layout with tokenizer.json), "
+                          "or the name of a shipped model: 'default' (the tiny code model, the default) or "
+                          "'any-order' (its SetDLM-style any-order sibling)")
+    gen.add_argument("--schedule", choices=["all", *SCHEDULES, "native"], default="all",
                      help="schedule to run: ar (one token per call), linear (draft call + verify call), "
-                          "quadratic (one call, B(B+1) rows), packed (one call, 2B rows), or all (default)")
+                          "quadratic (one call, B(B+1) rows), packed (one call, 2B rows), native (any-order "
+                          "models only: the confidence-threshold decoder), or all (default)")
+    gen.add_argument("--order", choices=ORDERS, default=None,
+                     help="any-order models: verification order of linear / quadratic / packed, ltr "
+                          "(default: output equals AR greedy) or confidence (likeliest drafts first)")
     gen.add_argument("--width", type=_positive_int, default=8,
                      help=f"speculative width W, 1..{MAX_WIDTH}: draft tokens verified per call (block B = W+1)")
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128,
@@ -59,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="CPU threads for torch (default 1: fastest for small models, whose calls are "
                           "overhead-bound)")
     sub.add_parser(
+        "bench-any-order", add_help=False,
+        help="benchmark the any-order schedules and the native decoder (see bench-any-order --help)",
+        description="Forwards every argument to the any-order benchmark (packed_ss/bench_any_order.py).")
+    sub.add_parser(
         "bench", add_help=False, help="benchmark the schedules (throughput, intervals, peers; see bench --help)",
         description="Forwards every argument to the benchmark (packed_ss/bench.py).")
     return parser
@@ -67,14 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
 def generate(args) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     torch.set_num_threads(args.threads)
-    log(f"loading model {args.model or '(embedded default)'} ...")
-    model = load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
-    tokenizer = load_tokenizer(args.model)
+    path = model_path(args.model)
+    log(f"loading model {path} ...")
+    model = load_model(path, device=args.device, dtype=DTYPES[args.dtype])
+    tokenizer = load_tokenizer(path)
     prompt = tokenizer.encode(args.prompt).ids
-    schedules = list(SCHEDULES) if args.schedule == "all" else [args.schedule]
+    every = ANY_ORDER_SCHEDULES if model.cfg.any_order else SCHEDULES
+    schedules = list(every) if args.schedule == "all" else [args.schedule]
+    if model.cfg.any_order and args.temperature > 0 and schedules != ["ar"]:
+        raise ValueError("an any-order model samples with --schedule ar only (its speculative schedules and the "
+                         "native decoder are greedy: paper Alg. 3); use --temperature 0 or --schedule ar")
     rows, continuation = [], None
     for name in schedules:
-        engine = Engine(model, schedule=name, width=args.width)
+        order = args.order if name not in ("ar", "native") else None
+        engine = Engine(model, schedule=name, width=args.width, order=order)
         log(f"decoding with {name} (W={args.width}) ...")
         start = time.perf_counter()
         res = engine.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -84,20 +103,31 @@ def generate(args) -> int:
         rows.append((name, res))
     print(args.prompt + tokenizer.decode(continuation))
     print()
-    header = f"{'schedule':<10} {'tokens':>6} {'NFE':>5} {'tokens/NFE':>10} {'wall s':>8} {'tokens/s':>9}"
+    header = (f"{'schedule':<10} {'tokens':>6} {'NFE':>5} {'tokens/NFE':>10} {'wall s':>8} {'tokens/s':>9} "
+              f"{'same text':>9}")
     print(header)
     print("-" * len(header))
     for name, res in rows:
         print(f"{name:<10} {len(res.tokens):>6} {res.nfe:>5} {res.tokens_per_nfe:>10.2f} "
-              f"{res.wall_s:>8.3f} {len(res.tokens) / res.wall_s:>9.1f}")
+              f"{res.wall_s:>8.3f} {len(res.tokens) / res.wall_s:>9.1f} {'yes' if res.tokens == continuation else 'no':>9}")
     return 0
+
+
+def model_path(name: str | None) -> Path:
+    """A model directory, or a shipped model's name ('default', 'any-order')."""
+    if name is None or (name in ("default", "any-order") and not Path(name).is_dir()):
+        return default_model_path(name or "default")
+    return Path(name)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:      # the benchmark parses its own options
+    if argv[:1] == ["bench"]:      # the benchmarks parse their own options
         from .bench import main as bench_main
         return bench_main(argv[1:])
+    if argv[:1] == ["bench-any-order"]:
+        from .bench_any_order import main as bench_any_order_main
+        return bench_any_order_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return generate(args)

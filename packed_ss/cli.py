@@ -87,9 +87,11 @@ def generate(args) -> int:
     prompt = tokenizer.encode(args.prompt).ids
     every = ANY_ORDER_SCHEDULES if model.cfg.any_order else SCHEDULES
     schedules = list(every) if args.schedule == "all" else [args.schedule]
-    if model.cfg.any_order and args.temperature > 0 and schedules != ["ar"]:
-        raise ValueError("an any-order model samples with --schedule ar only (its speculative schedules and the "
-                         "native decoder are greedy: paper Alg. 3); use --temperature 0 or --schedule ar")
+    if model.cfg.any_order and args.temperature > 0:
+        if args.order == "confidence" or args.schedule == "native":
+            raise ValueError("an any-order model samples only in LTR order and not with the native decoder "
+                             "(see Engine); use --temperature 0, or --order ltr")
+        schedules = [s for s in schedules if s != "native"]
     rows, continuation = [], None
     for name in schedules:
         order = args.order if name not in ("ar", "native") else None

@@ -65,9 +65,18 @@ def _require(raw: dict, keys, where: str):
         raise ValueError(f"{where}: config.json lacks required field(s) {missing}")
 
 
+def is_any_order(raw: dict) -> bool:
+    """SetDLM-style checkpoints: `any_order: true`, or SetDLM named as model_type / architecture."""
+    names = [raw.get("model_type") or "", *(raw.get("architectures") or [])]
+    return bool(raw.get("any_order")) or any("setdlm" in str(n).lower() for n in names)
+
+
 def config_from_hf(raw: dict, where: str) -> ModelConfig:
-    """Parse a HF `config.json` (model_type llama / mistral / qwen3 / ministral3 plus a `mask_token_id`)."""
+    """Parse a HF `config.json` (model_type llama / mistral / qwen3 / ministral3 plus a `mask_token_id`;
+    model_type setdlm is a Qwen3 backbone decoded any-order)."""
     model_type = raw.get("model_type")
+    if str(model_type).lower() == "setdlm":
+        model_type = "qwen3"
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"{where}: unsupported model_type {model_type!r}; expected one of {SUPPORTED_MODEL_TYPES} "
@@ -102,7 +111,7 @@ def config_from_hf(raw: dict, where: str) -> ModelConfig:
         sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
         llama4_scaling=_llama4_scaling(rope) if model_type == "ministral3" else None,
         model_type=model_type,
-        any_order=bool(raw.get("any_order", False)),
+        any_order=is_any_order(raw),
     )
 
 

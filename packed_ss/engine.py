@@ -67,8 +67,8 @@ class Engine:
 
         Any-order (SetDLM-style) models (`any_order: true` in config.json) decode with paper Alg. 3:
         `order` "ltr" (default) or "confidence" sets the verification order of packed / linear /
-        quadratic, and `schedule="native"` is the threshold decoder baseline; these schedules are
-        greedy (`ar` also samples) and run the host-driven loop of packed_ss.any_order.
+        quadratic, and `schedule="native"` is the threshold decoder baseline; sampling needs the LTR
+        order (and is exact there); they run the host-driven loop of packed_ss.any_order.
         """
         any_order = model.cfg.any_order
         schedules = ANY_ORDER_SCHEDULES if any_order else SCHEDULES
@@ -257,9 +257,12 @@ class Engine:
         return sequences
 
     def _generate_any_order(self, prompt, max_new_tokens, params, seed, stop_ids, sequences) -> GenerateResult:
-        if not params.greedy and self.schedule_name != "ar":
-            raise ValueError(f"temperature must be 0 for the any-order schedule {self.schedule_name!r} (paper "
-                             "Alg. 3 is greedy); sampling on an any-order model needs schedule='ar'")
+        if not params.greedy and (self.schedule_name == "native" or self.order != "ltr"):
+            raise ValueError(
+                f"temperature must be 0 for schedule {self.schedule_name!r} with order {self.order!r}: the native "
+                "decoder is an argmax decoder, and a confidence order ranks positions by the sampled drafts' own "
+                "probabilities, so a checked draft no longer follows its stored Q and rejection sampling would "
+                "not be exact; sample with order='ltr' (or schedule='ar')")
         start = time.perf_counter()
         st = self._any_order.generate(prompt, max_new_tokens, params, seed,
                                       [(t,) for t in stop_ids] + sequences)

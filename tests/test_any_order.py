@@ -202,20 +202,22 @@ def test_errors(random_model):
     with pytest.raises(ValueError, match="compile"):
         Engine(random_model, "packed", compile=True)
     with pytest.raises(ValueError, match="temperature"):
-        Engine(random_model, "packed").generate([1, 2], 4, temperature=1.0)
+        Engine(random_model, "packed", order="confidence").generate([1, 2], 4, temperature=1.0)
     with pytest.raises(ValueError, match="several tokens"):
         Engine(ltr, "packed").generate([1, 2], 4, stop_sequences=[[3, 4]])
     with pytest.raises(ValueError, match="stop_sequences"):
         Engine(random_model, "packed").generate([1, 2], 4, stop_sequences=[[]])
 
 
-def test_mask_token_from_tokenizer(tmp_path):
-    """A SetDLM-style directory may name its mask token only in the tokenizer files."""
+@pytest.mark.parametrize("marker", [{"any_order": True}, {"model_type": "setdlm"},
+                                    {"architectures": ["SetDLMForCausalLM"]}])
+def test_setdlm_directory(tmp_path, marker):
+    """A SetDLM-style directory: any-order by flag or by name, its mask token named only by the tokenizer."""
     src = default_model_path("any-order")
     for f in src.iterdir():
         shutil.copy(f, tmp_path / f.name)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    del cfg["mask_token_id"]
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    del cfg["mask_token_id"], cfg["any_order"]
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **marker}))
     model = load_model(tmp_path)
     assert model.cfg.mask_token_id == 1 and model.cfg.any_order and model.cfg.qk_norm

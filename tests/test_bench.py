@@ -65,3 +65,37 @@ def test_quick_bench(tmp_path):
             assert ci["lo"] <= ci["point"] <= ci["hi"], (row["method"], name, ci)
     assert {c["method"] for c in result["cost_model"]} == {"ar", "linear", "quadratic", "packed"}
     assert "### Temperature 0" in (out / "bench.md").read_text()
+
+
+def test_quick_any_order_bench(tmp_path):
+    out = tmp_path / "any-order"
+    proc = subprocess.run([sys.executable, "-m", "packed_ss", "bench-any-order", "--quick", "--limit", "2",
+                           "--resamples", "500", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "bench.json").read_text())
+    rows = {(r["method"], r["order"]): r for r in result["summary"]}
+    assert set(rows) == {("ar", None), ("native", None)} | {(s, o) for s in ("linear", "quadratic", "packed")
+                                                            for o in ("ltr", "confidence")}
+    assert len(result["records"]) == len(rows) * 2
+    for (method, order), row in rows.items():
+        assert 0 < row["tokens_per_nfe"] and row["throughput"] > 0
+        if method not in ("ar", "native"):
+            assert row["same_as_serial"] == 1.0          # Proposition C.1 on every response
+        if order == "ltr" or method == "ar":
+            assert row["same_as_ar"] == 1.0 and row["ar_token_agreement"] == 1.0
+        if (method, order) not in (("linear", "ltr"), ("linear", "confidence")):
+            ci = row["vs_linear"]["tokens_per_nfe_ratio"]
+            assert ci["lo"] <= ci["point"] <= ci["hi"]
+    assert "| packed | confidence |" in (out / "bench.md").read_text()
+
+
+def test_cli_generate_any_order(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "packed_ss", "generate", "def add(a, b):", "--model", "any-order",
+                           "--order", "confidence", "--max-new-tokens", "12"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = proc.stdout.splitlines()[-5:]
+    assert [line.split()[0] for line in table] == ["ar", "linear", "quadratic", "packed", "native"]
+    proc = subprocess.run([sys.executable, "-m", "packed_ss", "generate", "x", "--model", "any-order",
+                           "--order", "confidence", "--temperature", "1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "LTR order" in proc.stderr

@@ -46,14 +46,14 @@ class AnyOrderDecoder:
             st.nfe += 1
             return logits
 
-        sched = SCHEDULES[self.schedule_name](run, self.model.cfg.mask_token_id, self.width, self.order, params)
-        st = AnyOrderState(len(prompt), max_new_tokens, stop_sequences)
         seed_t = torch.tensor(seed, dtype=torch.int64, device=device)
-        offset = torch.zeros((), dtype=torch.int64, device=device)
+        sched = SCHEDULES[self.schedule_name](run, self.model.cfg.mask_token_id, self.width, self.order, params,
+                                              seed_t)
+        st = AnyOrderState(len(prompt), max_new_tokens, stop_sequences)
         with torch.inference_mode():
             sched.prefill(st, prompt)
             while not st.done:
                 if len(st.trace) > max_new_tokens:   # every iteration resolves >= 1 position
                     raise RuntimeError("any-order decoder made no progress; this is a bug")
-                sched.iterate(st, seed_t, offset)
+                sched.iterate(st)
         return st

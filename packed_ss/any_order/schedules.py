@@ -1,6 +1,8 @@
-"""Any-order schedules for SetDLM-style models (paper appendix C, D.2, E.6), greedy except `ar`.
+"""Any-order schedules for SetDLM-style models (paper appendix C, D.2, E.6).
 
-Every call is `[N | O | ...]`: N the pending tokens (accepted, K/V not computed yet) and O the
+Greedy decoding follows Alg. 3 with either order. Sampling (LTR order only) stores with each draft
+token the sparse Q it was drawn from and verifies in rank order against it (Alg. 2's rule, shared
+`verify_sampled`); the native decoder is greedy by definition. Every call is `[N | O | ...]`: N the pending tokens (accepted, K/V not computed yet) and O the
 previous draft in verification order, both causal anchors written into the cache in place, then
 mask query rows, each seeing the cache, a prefix of the anchors and itself. A mask row predicts the
 token at its own position id. Position ids are textual (prompt length + output position).
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..acceptance import verify_sampled
 from ..attention import Layout
 from ..sampling import SamplingParams, philox_uniform, sample_sparse, truncated_probs
 from .state import AnyOrderState
@@ -58,37 +61,73 @@ def greedy(logits: torch.Tensor) -> tuple[list[int], list[float]]:
 
 
 class AnyOrderSchedule:
-    """prefill() caches the prompt in one counted call (paper E.2); iterate() runs one iteration."""
+    """prefill() caches the prompt in one counted call (paper E.2); iterate() runs one iteration.
+
+    Sampling draws its uniforms from Philox keyed by (seed, offset), the offset advancing once per
+    call: [0, u] for acceptance and the residual / fresh draw, [W+1, W+1+u) for drafts."""
     name = ""
 
-    def __init__(self, run, mask_id: int, width: int, order: str, params: SamplingParams):
+    def __init__(self, run, mask_id: int, width: int, order: str, params: SamplingParams, seed: torch.Tensor):
         self.run, self.mask_id, self.width, self.policy, self.params = run, mask_id, width, order, params
+        self.seed, self.offset = seed, torch.zeros_like(seed)
 
     def call(self, st: AnyOrderState) -> Call:
         return Call(st, self.mask_id)
 
     def prefill(self, st: AnyOrderState, prompt: list[int]) -> None:
         c = Call(st, self.mask_id)
-        c.anchors((j - st.prompt_len, t) for j, t in enumerate(prompt))
+        c.anchors((j - st.prompt_len, t) for j, t in enumerate(prompt))   # prompt rows: negative positions
         self.run(st, c, cache_len=0)
+
+    def uniforms(self) -> torch.Tensor | None:
+        if self.params.greedy:
+            return None
+        u = philox_uniform(self.seed, self.offset, 2 * self.width + 2)
+        self.offset.add_(1)
+        return u
+
+    def propose(self, logits: torch.Tensor, u: torch.Tensor | None):
+        """Drafts from mask rows: (tokens, scores, sparse Q or None); a score is the probability the
+        proposal gave its own token."""
+        if u is None:
+            return (*greedy(logits), None)
+        idx, prob = truncated_probs(logits, self.params)
+        z = sample_sparse(idx, prob, u[self.width + 1: self.width + 1 + logits.shape[0]])
+        score = (prob * (idx == z[:, None])).sum(-1)
+        return z.tolist(), score.tolist(), (idx, prob)
+
+    def verify(self, st: AnyOrderState, order: list[int], logits: torch.Tensor, u: torch.Tensor | None):
+        """(token at each rank, accepted drafts h or None) from the verifier mask rows M in rank order.
+
+        Greedy: the argmax (the state counts matches). Sampled: rejection sampling against each draft's
+        stored Q up to the first missing draft; a rank without a draft is drawn from p."""
+        if u is None:
+            return logits.argmax(-1).tolist(), None
+        n = len(order)
+        kappa = next((r for r, j in enumerate(order) if j not in st.draft), n)
+        device, k = logits.device, self.params.support(logits.shape[-1])
+        draft = torch.tensor([st.draft.get(j, 0) for j in order], device=device)
+        none = (torch.zeros(k, dtype=torch.int64, device=device),
+                torch.zeros(k, dtype=torch.promote_types(logits.dtype, torch.float32), device=device))
+        q_idx, q_prob = (torch.stack([st.q.get(j, none)[i] for j in order]) for i in (0, 1))
+        # verify_sampled reads one more row after the last draft (the LTR bonus); with all u drafts
+        # accepted Alg. 3 takes no extra token, so that row is a placeholder whose draw is dropped.
+        emitted, a = verify_sampled(draft, torch.tensor(kappa, device=device), q_idx, q_prob,
+                                    torch.cat([logits, logits[-1:]]), u[:n + 1], self.params)
+        return emitted[:n].tolist(), int(a) - 1
 
 
 class AR(AnyOrderSchedule):
     """Left-to-right decoding: [N | MASK at the leftmost unresolved position], greedy or sampled."""
     name = "ar"
 
-    def iterate(self, st: AnyOrderState, seed: torch.Tensor, offset: torch.Tensor) -> None:
+    def iterate(self, st: AnyOrderState) -> None:
         (j,) = st.window(1)
         c = self.call(st)
         c.anchors(st.pending)
         c.queries([j], c.n_anchor)
-        logits = self.run(st, c)[-1]
-        if self.params.greedy:
-            token = int(logits.argmax())
-        else:
-            u = philox_uniform(seed, offset, 1)
-            offset.add_(1)
-            token = int(sample_sparse(*truncated_probs(logits, self.params), u[0]))
+        logits, u = self.run(st, c)[-1], self.uniforms()
+        token = int(logits.argmax()) if u is None else int(sample_sparse(*truncated_probs(logits, self.params), u[0]))
         st.commit_unverified([(j, token)], 1, c.rows)
 
 
@@ -96,7 +135,7 @@ class Packed(AnyOrderSchedule):
     """Packed-SS (Alg. 3): [N | O | M | R]; M verifies D_{t-1} in order pi_t, R drafts U_t from P_{t-1}."""
     name = "packed"
 
-    def iterate(self, st: AnyOrderState, *_) -> None:
+    def iterate(self, st: AnyOrderState) -> None:
         order = st.order(st.window(self.width), self.policy)          # lines 3-5
         u, p = len(order), len(st.pending)
         c = self.call(st)
@@ -105,32 +144,33 @@ class Packed(AnyOrderSchedule):
         for r, j in enumerate(order):
             c.queries([j], p + r)                                     # M_r sees N, O_<r
         c.queries(order, p)                                           # R sees N only: P_{t-1}
-        logits = self.run(st, c)
-        verified = logits[p + u: p + 2 * u].argmax(-1).tolist()      # line 7
-        proposals = greedy(logits[p + 2 * u:])                        # line 8
-        st.accept(order, verified, c.rows)                            # lines 9-13
-        st.set_draft(order, *proposals)                               # lines 14-15
+        logits, rand = self.run(st, c), self.uniforms()
+        verified, h = self.verify(st, order, logits[p + u: p + 2 * u], rand)   # line 7
+        proposals = self.propose(logits[p + 2 * u:], rand)                     # line 8
+        st.accept(order, verified, c.rows, h)                                  # lines 9-13
+        st.set_draft(order, *proposals)                                        # lines 14-15
 
 
 class Linear(AnyOrderSchedule):
     """Linear-SS (ASSD-style): draft [N | R] from P_{t-1}, then verify [O | M] in order pi_t."""
     name = "linear"
 
-    def iterate(self, st: AnyOrderState, *_) -> None:
+    def iterate(self, st: AnyOrderState) -> None:
         order = st.order(st.window(self.width), self.policy)   # fixed before the drafting call (E.6)
         u, p = len(order), len(st.pending)
         draft = self.call(st)
         draft.anchors(st.pending)
         draft.queries(order, p)
-        drafts, _ = greedy(self.run(st, draft)[p:])
-        st.draft = dict(zip(order, drafts))
+        drafts, scores, q = self.propose(self.run(st, draft)[p:], self.uniforms())
+        st.set_draft(order, drafts, scores, q)
         verify = self.call(st)
         verify.anchors(zip(order, drafts))
         for r, j in enumerate(order):
             verify.queries([j], r)
-        verified, conf = greedy(self.run(st, verify, cache_len=st.cache_len + p)[u:])
-        st.accept(order, verified, draft.rows + verify.rows)
-        st.keep_scores(order, conf)
+        logits = self.run(st, verify, cache_len=st.cache_len + p)[u:]
+        verified, h = self.verify(st, order, logits, self.uniforms())
+        st.accept(order, verified, draft.rows + verify.rows, h)
+        st.keep_scores(order, greedy(logits)[1])
 
 
 class Quadratic(AnyOrderSchedule):
@@ -138,7 +178,7 @@ class Quadratic(AnyOrderSchedule):
     and the branch that verification selects (k = A_t - 1) supplies the next draft."""
     name = "quadratic"
 
-    def iterate(self, st: AnyOrderState, *_) -> None:
+    def iterate(self, st: AnyOrderState) -> None:
         order = st.order(st.window(self.width), self.policy)
         u, p = len(order), len(st.pending)
         c = self.call(st)
@@ -148,11 +188,11 @@ class Quadratic(AnyOrderSchedule):
             c.queries([j], p + r)
         for k in range(u):
             c.queries(order, p + k)
-        logits = self.run(st, c)
-        verified = logits[p + u: p + 2 * u].argmax(-1).tolist()
-        a = st.accept(order, verified, c.rows)
+        logits, rand = self.run(st, c), self.uniforms()
+        verified, h = self.verify(st, order, logits[p + u: p + 2 * u], rand)
+        a = st.accept(order, verified, c.rows, h)
         branch = p + 2 * u + (a - 1) * u
-        st.set_draft(order, *greedy(logits[branch: branch + u]))
+        st.set_draft(order, *self.propose(logits[branch: branch + u], rand))
 
 
 class Native(AnyOrderSchedule):
@@ -160,7 +200,7 @@ class Native(AnyOrderSchedule):
     from P, commit those with confidence >= 0.9 (at least the most confident one), no verification."""
     name = "native"
 
-    def iterate(self, st: AnyOrderState, *_) -> None:
+    def iterate(self, st: AnyOrderState) -> None:
         window = st.window(self.width)
         c = self.call(st)
         c.anchors(st.pending)

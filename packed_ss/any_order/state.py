@@ -36,6 +36,7 @@ class AnyOrderState:
     pending: list[tuple[int, int]] = field(default_factory=list)   # (position, token), in acceptance order
     draft: dict[int, int] = field(default_factory=dict)
     score: dict[int, float] = field(default_factory=dict)
+    q: dict[int, tuple] = field(default_factory=dict)         # sampled drafts: the sparse Q each was drawn from
     nfe: int = 0
     trace: list[Iteration] = field(default_factory=list)
 
@@ -67,16 +68,19 @@ class AnyOrderState:
         rest = [j for j in window if j not in scored]
         return sorted(scored, key=lambda j: (-self.score[j], j)) + rest
 
-    def set_draft(self, positions, tokens, scores) -> None:
-        """D_t: proposals at the positions still unresolved and not beyond E (Alg. 3 l. 14-15)."""
-        self.draft, self.score = {}, {}
-        for j, t, s in zip(positions, tokens, scores):
+    def set_draft(self, positions, tokens, scores, q=None) -> None:
+        """D_t: proposals at the positions still unresolved and not beyond E (Alg. 3 l. 14-15), with
+        their scores and, when sampled, the distributions they were drawn from."""
+        self.draft, self.score, self.q = {}, {}, {}
+        for i, (j, t, s) in enumerate(zip(positions, tokens, scores)):
             if self.tokens[j] is None and j <= self.end:
                 self.draft[j], self.score[j] = t, s
+                if q is not None:
+                    self.q[j] = (q[0][i], q[1][i])
 
     def keep_scores(self, positions, scores) -> None:
         """Scores without drafts (Linear-SS orders by the previous verifier's confidence, E.6)."""
-        self.draft = {}
+        self.draft, self.q = {}, {}
         self.score = {j: s for j, s in zip(positions, scores) if self.tokens[j] is None and j <= self.end}
 
     def commit_unverified(self, pairs: list[tuple[int, int]], window: int, rows: int) -> None:
@@ -88,18 +92,20 @@ class AnyOrderState:
             self.tokens[j] = t
         self.apply_stops()
 
-    def accept(self, order: list[int], verified: list[int], rows: int) -> int:
+    def accept(self, order: list[int], verified: list[int], rows: int, h: int | None = None) -> int:
         """Accept matching drafts in rank order, then the verifier token at the first miss (Alg. 3 l. 9-13).
 
-        `verified[r]` is the verifier's token at rank r. The iteration wrote the pending rows and then the
+        `verified[r]` is the verifier's token at rank r; under sampling, `h` (the drafts accepted by
+        rejection sampling) is given and verified[h] is the residual or fresh draw. The iteration wrote the pending rows and then the
         O rows (rank order) into the cache in place: the accepted drafts' rows stay (their K/V saw exactly
         the tokens before them in acceptance order), the verifier's own token waits in `pending`.
         Returns A_t.
         """
         u = len(order)
-        h = 0
-        while h < u and self.draft.get(order[h]) == verified[h]:
-            h += 1
+        if h is None:
+            h = 0
+            while h < u and self.draft.get(order[h]) == verified[h]:
+                h += 1
         a = min(h + 1, u)
         self.trace.append(Iteration(list(order), u, a, h, len(self.pending), rows))
         self.cached += [j for j, _ in self.pending] + order[:h]
@@ -131,3 +137,4 @@ class AnyOrderState:
         self.cached = self.cached[:first]
         self.pending = redo + [(j, t) for j, t in self.pending if j <= end]
         self.draft = {j: t for j, t in self.draft.items() if j <= end}
+        self.q = {j: q for j, q in self.q.items() if j <= end}

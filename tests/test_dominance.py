@@ -25,7 +25,8 @@ class ScriptedModel:
         self.x = torch.tensor(target + [0] * pad)
         self.wrong = (self.x + 1) % (VOCAB - 2)
         self.cstar = torch.tensor(thresholds + [10**9] * pad)
-        self.cfg = SimpleNamespace(vocab_size=VOCAB, mask_token_id=MASK, eos_token_ids=(), max_seq_len=4096)
+        self.cfg = SimpleNamespace(vocab_size=VOCAB, mask_token_id=MASK, eos_token_ids=(), max_seq_len=4096,
+                                   any_order=False)
         self.device, self.dtype = torch.device("cpu"), torch.float32
 
     def new_cache(self, capacity):

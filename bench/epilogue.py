@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import platform
-import time
 from pathlib import Path
 from types import SimpleNamespace
 

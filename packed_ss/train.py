@@ -727,7 +727,7 @@ def write_report(out: Path, args, summary: dict, ev: dict) -> None:
         "```",
         "",
         f"Seed {args.seed}, {args.threads} torch threads (results depend on the thread count and on the",
-        f"interpreter's standard library, which is the corpus). Versions: "
+        "interpreter's standard library, which is the corpus). Versions: "
         + ", ".join(f"{k} {v}" for k, v in versions().items()) + ".",
         f"Corpus: `.py` files of `{stdlib_dir() if not args.data_dir else args.data_dir}` (site-packages excluded),",
         f"{summary['n_train_files']} train / {summary['n_heldout_files']} held-out files (held-out iff "
@@ -807,6 +807,17 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--heldout-pct", type=float, default=3.0)
 
 
+def add_optimizer_args(ap: argparse.ArgumentParser, lr: float, muon_lr: float, warmup: int) -> None:
+    """Optimizer and schedule options (make_optimizers, lr_mult), shared with packed_ss.train_any_order."""
+    ap.add_argument("--optimizer", choices=("muon", "adamw"), default="muon")
+    ap.add_argument("--lr", type=float, default=lr, help="AdamW lr (embeddings and norms; everything with --optimizer adamw)")
+    ap.add_argument("--muon-lr", type=float, default=muon_lr, help="Muon lr for the hidden weight matrices")
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m packed_ss.train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="output directory (HF layout)")
@@ -824,14 +835,8 @@ def parse_args(argv=None):
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--optimizer", choices=("muon", "adamw"), default="muon")
-    ap.add_argument("--lr", type=float, default=3e-3, help="AdamW lr (embeddings and norms; everything with --optimizer adamw)")
-    ap.add_argument("--muon-lr", type=float, default=0.02, help="Muon lr for the hidden weight matrices")
+    add_optimizer_args(ap, lr=3e-3, muon_lr=0.02, warmup=30)
     ap.add_argument("--no-zero-init-out", dest="zero_init_out", action="store_false")
-    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=30)
-    ap.add_argument("--weight-decay", type=float, default=0.0)
-    ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--diff-weight", type=float, default=1.0)
     ap.add_argument("--p-a", type=float, default=0.75, help="probability of pattern (a) per block")
     ap.add_argument("--min-block", type=int, default=2)

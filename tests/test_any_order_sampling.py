@@ -3,7 +3,7 @@
 Same method and threshold as tests/test_sampling_exactness.py (whose G-test and broken rules this
 reuses): on a 4-token vocabulary, the exact probability of every 3-token continuation comes from
 transformers' logits at a mask appended after the text (the any-order model's LTR conditional),
-N = 1500 seeded generations per case, fail below p = 1e-4; the two broken acceptance rules patched
+N = 1500 seeded generations per case (the same prompt, length and sampler settings), fail below p = 1e-4; the two broken acceptance rules patched
 into the any-order schedules must be flagged at p < 1e-6 (measured 3e-8 and 1e-15).
 """
 import itertools
@@ -14,12 +14,10 @@ import torch
 import packed_ss
 import packed_ss.any_order.schedules as any_order_schedules
 from packed_ss.sampling import SamplingParams, densify, truncated_probs
-from test_sampling_exactness import ALPHA, g_test_pvalue, ignore_stored_q, residual_from_p
+from test_sampling_exactness import (ALPHA, LENGTH, PROMPT, T1, TOP_K, TOP_P, VOCAB, g_test_pvalue, ignore_stored_q,
+                                     residual_from_p, sample)
 from tiny_models import checkpoint, hf_model
 
-VOCAB, LENGTH, N = 4, 3, 1500
-PROMPT = [1, 0, 2]
-T1, TOP_K, TOP_P = SamplingParams(1.0), SamplingParams(0.7, top_k=3), SamplingParams(1.3, top_p=0.8)
 CASES = [("ar", 1, T1), ("linear", 2, TOP_P), ("quadratic", 2, TOP_K), ("packed", 2, T1), ("packed", 3, TOP_K)]
 
 
@@ -41,13 +39,6 @@ def exact_distribution(path, params: SamplingParams) -> dict[tuple, float]:
             p *= float(densify(*truncated_probs(logits, params), VOCAB)[t])
         probs[seq] = p
     return probs
-
-
-def sample(path, schedule: str, width: int, params: SamplingParams) -> list[tuple]:
-    engine = packed_ss.Engine(packed_ss.load_model(path, dtype=torch.float64), schedule=schedule, width=width)
-    return [tuple(engine.generate(PROMPT, max_new_tokens=LENGTH, temperature=params.temperature,
-                                  top_k=params.top_k, top_p=params.top_p, seed=seed, eos_token_id=[]).tokens)
-            for seed in range(N)]
 
 
 @pytest.mark.parametrize("schedule,width,params", CASES,

@@ -4,7 +4,6 @@ smoke training run on a micro config."""
 import json
 import time
 
-import pytest
 import torch
 
 from packed_ss import train as tr

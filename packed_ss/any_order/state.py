@@ -96,10 +96,10 @@ class AnyOrderState:
         """Accept matching drafts in rank order, then the verifier token at the first miss (Alg. 3 l. 9-13).
 
         `verified[r]` is the verifier's token at rank r; under sampling, `h` (the drafts accepted by
-        rejection sampling) is given and verified[h] is the residual or fresh draw. The iteration wrote the pending rows and then the
-        O rows (rank order) into the cache in place: the accepted drafts' rows stay (their K/V saw exactly
-        the tokens before them in acceptance order), the verifier's own token waits in `pending`.
-        Returns A_t.
+        rejection sampling) is given and verified[h] is the residual or fresh draw. The iteration wrote
+        the pending rows and then the O rows (rank order) into the cache in place: the accepted drafts'
+        rows stay (their K/V saw exactly the tokens before them in acceptance order), the verifier's own
+        token waits in `pending`. Returns A_t.
         """
         u = len(order)
         if h is None:

@@ -5,7 +5,8 @@
 
 On the shipped any-order model (or --model), greedy, HumanEval prompts: `ar`, the native threshold
 decoder, and Packed-, Linear- and Quadratic-SS under LTR and confidence verification orders. Per
-method: tokens/NFE, throughput, time/NFE, accepted drafts per verification, and agreement: the
+method: tokens/NFE, throughput, time/NFE, the non-model share of decoder time (the host-driven
+any-order loop's own cost), accepted drafts per verification, and agreement: the
 share of responses identical to the serial reference of Proposition C.1 replaying the run's own
 orders (must be 1 for every speculative schedule), and to AR greedy (LTR orders must give 1; the
 confidence order and the native decoder change the greedy trajectory). Paired bootstrap 95%
@@ -109,6 +110,7 @@ def summarize(records: list[Record], n_prompts: int, args) -> list[dict]:
         serial = [r.same_as_serial for r in group if r.same_as_serial is not None]
         row = {"method": m, "order": o, "tokens": tok, "nfe": nfe, "wall_s": wall, "throughput": tok / wall,
                "tokens_per_nfe": tok / nfe, "ms_per_nfe": 1e3 * wall / nfe,
+               "nonmodel_frac": 1 - sum(r.model_s for r in group) / wall,
                "accepted_per_verify": sum(r.n_accepted for r in group) / verify if verify else None,
                "same_as_serial": sum(serial) / len(serial) if serial else None,
                "same_as_ar": sum(r.same_as_ar for r in group) / len(group),
@@ -125,16 +127,16 @@ def markdown(result: dict) -> str:
     lines = [f"Any-order schedules, W={meta['width']}, {meta['n_prompts']} HumanEval prompts, "
              f"{meta['max_new_tokens']} new tokens, greedy, {meta['threads']} thread(s); "
              "ratios: paired bootstrap 95% CI against Linear-SS under the same order (LTR for ar / native).", "",
-             "| method | order | tokens/NFE | tok/s | ms/NFE | accepted/verify | = serial ref | = AR greedy "
-             "| AR token agreement | throughput / linear | tokens/NFE / linear |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| method | order | tokens/NFE | tok/s | ms/NFE | non-model % | accepted/verify | = serial ref "
+             "| = AR greedy | AR token agreement | throughput / linear | tokens/NFE / linear |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["summary"]:
         vs = r.get("vs_linear")
         ci = (lambda k: f"{vs[k]['point']:.3f} [{vs[k]['lo']:.3f}, {vs[k]['hi']:.3f}]") if vs else (lambda k: "1")
         acc = "" if r["accepted_per_verify"] is None else f"{r['accepted_per_verify']:.2f}"
         ser = "" if r["same_as_serial"] is None else f"{r['same_as_serial']:.2f}"
         lines.append(f"| {r['method']} | {r['order'] or ''} | {r['tokens_per_nfe']:.3f} | {r['throughput']:.1f} | "
-                     f"{r['ms_per_nfe']:.2f} | {acc} | {ser} | {r['same_as_ar']:.2f} | "
+                     f"{r['ms_per_nfe']:.2f} | {100 * r['nonmodel_frac']:.1f} | {acc} | {ser} | {r['same_as_ar']:.2f} | "
                      f"{r['ar_token_agreement']:.3f} | {ci('throughput_ratio')} | {ci('tokens_per_nfe_ratio')} |")
     return "\n".join(lines) + "\n"
 

@@ -7,8 +7,10 @@ import shutil
 import pytest
 import torch
 
-from packed_ss import Engine, default_model_path, load_model
-from packed_ss.any_order import AnyOrderState, serial_reference
+import packed_ss.any_order.schedules as any_order_schedules
+from packed_ss import Engine, SamplingParams, default_model_path, load_model
+from packed_ss.any_order import AnyOrderDecoder, AnyOrderState, serial_reference
+from packed_ss.attention import packed_attention_ref
 from tiny_models import checkpoint, hf_model
 
 SPECULATIVE = ("packed", "linear", "quadratic")
@@ -133,20 +135,25 @@ def test_stop_sequence_ends_output_at_earliest_marker(trained):
 
 
 def test_truncation_reprocesses_rows_that_saw_dropped_tokens(trained):
-    """A stop accepted before positions already accepted after it: those leave the cache, and rows that
-    saw them are processed again; the result still equals the serial reference."""
+    """A stop recognised after positions beyond it were accepted: those leave P_t, and cache rows that saw
+    them are processed again; the output still equals the serial reference. Markers are picked from a
+    free run where a later position was accepted no later than the marker's end (the run is the same
+    until the marker is recognised)."""
     model, prompts = trained
+    decoder = AnyOrderDecoder(model, "packed", 8, "confidence", packed_attention_ref)
     reprocessed = 0
     for prompt in prompts:
-        free = Engine(model, "packed", width=8, order="confidence").generate(prompt, 48, eos_token_id=[])
-        ahead = [(it.order[r], free.tokens[it.order[r]]) for it in free.iterations for r in range(it.accepted)
-                 if it.order[r] > min(it.order[:it.accepted])]
-        for j, _ in ahead[:4]:
-            stop = free.tokens[j - 1]        # a token just before a position accepted out of order
-            out = Engine(model, "packed", width=8, order="confidence").generate(prompt, 48, eos_token_id=[stop])
-            assert out.tokens == serial_reference(model, prompt, out.iterations, 48, [(stop,)])
-            assert out.tokens[-1] == stop and stop not in out.tokens[:-1]
-            reprocessed += any(it.pending_rows > 1 for it in out.iterations)
+        free = decoder.generate(prompt, 48, SamplingParams(), 0, [])
+        when = {j: t for t, it in enumerate(free.trace) for j in it.order[:it.accepted]}
+        tokens = free.output()
+        candidates = [i for i in range(1, 48) if any(j > i and when[j] <= when[i] for j in range(i + 1, 48))
+                      and all(tokens[e - 1:e + 1] != tokens[i - 1:i + 1] for e in range(1, i))]
+        for i in candidates[:4]:
+            marker = tuple(tokens[i - 1:i + 1])
+            st = decoder.generate(prompt, 48, SamplingParams(), 0, [marker])
+            assert st.output() == tokens[:i + 1]
+            assert st.output() == serial_reference(model, prompt, st.trace, 48, [marker])
+            reprocessed += st.reprocessed
     assert reprocessed > 0, "no run exercised the truncation path"
 
 
@@ -172,12 +179,18 @@ def test_triton_backend_matches_torch(schedule):
     assert outs[0].tokens == outs[1].tokens and outs[0].nfe == outs[1].nfe
 
 
-def test_native_threshold_decoder(trained):
+@pytest.mark.parametrize("threshold", [0.9, 0.3])
+def test_native_threshold_decoder(trained, monkeypatch, threshold):
+    """Every call commits at least one position; a lower threshold commits several per call (this tiny
+    model rarely reaches 0.9)."""
+    monkeypatch.setattr(any_order_schedules, "NATIVE_THRESHOLD", threshold)
     model, prompts = trained
     out = Engine(model, "native", width=8).generate(prompts[0], 48, eos_token_id=[])
     assert len(out.tokens) == 48 and all(t is not None for t in out.tokens)
-    assert out.nfe < 1 + 48, "the threshold decoder should commit several tokens in some calls"
+    assert all(len(it.order) >= 1 for it in out.iterations)
     assert sum(len(it.order) for it in out.iterations) == 48
+    if threshold < 0.9:
+        assert out.nfe < 1 + 48
 
 
 def test_ar_sampling_is_seeded(trained):

@@ -38,6 +38,7 @@ class AnyOrderState:
     score: dict[int, float] = field(default_factory=dict)
     q: dict[int, tuple] = field(default_factory=dict)         # sampled drafts: the sparse Q each was drawn from
     nfe: int = 0
+    reprocessed: int = 0          # cache rows re-queued because a stop dropped a token they saw
     trace: list[Iteration] = field(default_factory=list)
 
     def __post_init__(self):
@@ -135,6 +136,7 @@ class AnyOrderState:
         first = next((i for i, j in enumerate(self.cached) if j > end), len(self.cached))
         redo = [(j, self.tokens[j]) for j in self.cached[first:] if j <= end]
         self.cached = self.cached[:first]
+        self.reprocessed += len(redo)
         self.pending = redo + [(j, t) for j, t in self.pending if j <= end]
         self.draft = {j: t for j, t in self.draft.items() if j <= end}
         self.q = {j: q for j, q in self.q.items() if j <= end}

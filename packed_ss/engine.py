@@ -101,7 +101,8 @@ class Engine:
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         self.attend = attention_backend(self.backend)
         self.order = order or "ltr"
-        self._any_order = AnyOrderDecoder(model, schedule, width, self.order, self.attend) if any_order else None
+        self._any_order = (AnyOrderDecoder(model, schedule, width, self.order, self.attend, self._cache_for)
+                           if any_order else None)
         self._cache: KVCache | None = None
         self._schedules: dict[SamplingParams, Schedule] = {}
         self._graphs: dict[SamplingParams, _GraphSlot] = {}

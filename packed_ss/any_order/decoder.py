@@ -6,34 +6,27 @@ iteration, paper Table 2), so this loop reads the device once per call; the LTR 
 """
 from __future__ import annotations
 
-import math
 import time
 
 import torch
 
-from ..model import KVCache
 from ..sampling import SamplingParams
 from .schedules import SCHEDULES, Call
 from .state import AnyOrderState
 
 
 class AnyOrderDecoder:
-    def __init__(self, model, schedule: str, width: int, order: str, attend):
+    def __init__(self, model, schedule: str, width: int, order: str, attend, cache_for=None):
+        """`cache_for(capacity)` returns a KV cache view (the Engine shares its own); default: a new cache."""
         self.model, self.attend, self.width = model, attend, width
         self.schedule_name, self.order = schedule, order
-        self._cache: KVCache | None = None
+        self.cache_for = cache_for or model.new_cache
         self.model_s = 0.0
-
-    def _cache_for(self, capacity: int) -> KVCache:
-        capacity = 256 * math.ceil(capacity / 256)
-        if self._cache is None or self._cache.capacity < capacity:
-            self._cache = self.model.new_cache(capacity)
-        return KVCache(self._cache.k[:, :, :capacity], self._cache.v[:, :, :capacity])
 
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
                  stop_sequences: list[tuple[int, ...]]) -> AnyOrderState:
         device = self.model.device
-        cache = self._cache_for(len(prompt) + max_new_tokens + 3 * self.width + 1)
+        cache = self.cache_for(len(prompt) + max_new_tokens + 3 * self.width + 1)
         self.model_s = 0.0
 
         def run(st: AnyOrderState, call: Call, cache_len: int | None = None) -> torch.Tensor:

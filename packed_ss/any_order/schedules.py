@@ -13,7 +13,7 @@ import torch
 
 from ..acceptance import verify_sampled
 from ..attention import Layout
-from ..sampling import SamplingParams, philox_uniform, sample_sparse, truncated_probs
+from ..sampling import SamplingParams, densify, philox_uniform, sample_sparse, truncated_probs
 from .state import AnyOrderState
 
 NATIVE_THRESHOLD = 0.9
@@ -112,8 +112,8 @@ class AnyOrderSchedule:
         q_idx, q_prob = (torch.stack([st.q.get(j, none)[i] for j in order]) for i in (0, 1))
         # verify_sampled reads one more row after the last draft (the LTR bonus); with all u drafts
         # accepted Alg. 3 takes no extra token, so that row is a placeholder whose draw is dropped.
-        emitted, a = verify_sampled(draft, torch.tensor(kappa, device=device), q_idx, q_prob,
-                                    torch.cat([logits, logits[-1:]]), u[:n + 1], self.params)
+        p = densify(*truncated_probs(torch.cat([logits, logits[-1:]]), self.params), logits.shape[-1])
+        emitted, a = verify_sampled(draft, torch.tensor(kappa, device=device), q_idx, q_prob, p, u[:n + 1])
         return emitted[:n].tolist(), int(a) - 1
 
 

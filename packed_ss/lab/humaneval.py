@@ -11,3 +11,7 @@ def humaneval_prompts(limit: int | None = None) -> list[tuple[str, str]]:
 
     return [(p["task_id"], p["prompt"]) for p in list(read_problems().values())[:limit]]
 
+
+def tokenized_prompts(tokenizer, limit: int | None = None) -> list[tuple[str, list[int]]]:
+    """(task id, prompt token ids) of the first `limit` HumanEval problems, encoded by a `tokenizers.Tokenizer`."""
+    return [(task_id, tokenizer.encode(text).ids) for task_id, text in humaneval_prompts(limit)]

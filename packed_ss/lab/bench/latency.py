@@ -8,9 +8,10 @@ import time
 import numpy as np
 import torch
 
-from ...attention import attention_backend
+from ...attention import Layout, attention_backend
+from ...engine import Engine
+from ...runtime import Request
 from ...sampling import SamplingParams
-from ...schedules import SCHEDULES
 from ...schedules.base import layout
 
 
@@ -19,10 +20,18 @@ def engine_capacity(prompt_len: int, max_new_tokens: int, width: int) -> int:
     return 256 * math.ceil((prompt_len + max_new_tokens + 2 * (width + 1)) / 256)
 
 
-def latency_points(model, widths: list[int]) -> list[tuple[str, object]]:
+def call_layouts(program) -> list[Layout]:
+    """The layouts of one decode iteration's calls, in call order, of a program (a schedule bound by
+    `Engine.program`). Calls take their inputs from a decoding state; the layouts do not depend on it."""
+    state = program.new_state(Request(prompt=[0], max_new_tokens=1, seed=0, stop_ids=[], stop_sequences=[]))
+    return [step.inputs(state).layout for step in program.steps]
+
+
+def latency_points(model, widths: list[int]) -> list[tuple[str, Layout]]:
     """(label, layout) per measured call: every decode call of every schedule at the given widths, and
-    packed-shaped calls (n - n/2 causal anchors, n/2 cache-only scratch rows) of n = 2, 4, 8, ... rows."""
-    greedy = SamplingParams()
+    packed-shaped calls (n - n/2 causal anchors, n/2 cache-only scratch rows) of n = 2, 4, 8, ... rows.
+    A schedule with two calls per iteration (Linear-SS) labels them by role: the verify call writes
+    anchors to the cache, the draft call none."""
     points = {}
 
     def add(kind, lay):
@@ -30,9 +39,9 @@ def latency_points(model, widths: list[int]) -> list[tuple[str, object]]:
 
     for w in widths:
         for name in ("ar", "linear", "quadratic", "packed"):
-            steps = SCHEDULES[name](model, w, greedy).steps
-            for i, step in enumerate(steps):
-                add(name if len(steps) == 1 else f"{name}-{('verify', 'draft')[i]}", step.layout)
+            layouts = call_layouts(Engine(model, schedule=name, width=w, epilogue="torch").program(SamplingParams()))
+            for lay in layouts:
+                add(name if len(layouts) == 1 else f"{name}-{'verify' if lay.n_anchor else 'draft'}", lay)
     n, top = 2, 2 * (max(widths) + 1)
     while n < top:
         add("packed-shape", layout(model.device, n - n // 2, [1] * (n // 2), [-1] * (n // 2)))

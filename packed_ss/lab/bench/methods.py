@@ -10,7 +10,7 @@ import torch
 
 from ...engine import Engine
 from ...sampling import SamplingParams
-from ...schedules import SCHEDULES
+from .latency import call_layouts
 
 
 class CallTimer:
@@ -45,7 +45,7 @@ class Ours:
     def __init__(self, model, schedule: str, width: int, timer: CallTimer):
         self.name, self.width, self.timer = schedule, (None if schedule == "ar" else width), timer
         self.engine = Engine(model, schedule=schedule, width=width)
-        self.steps = SCHEDULES[schedule](model, width, SamplingParams()).steps
+        self.layouts = call_layouts(self.engine.program(SamplingParams()))    # one iteration's calls
 
     def warm_up(self, prompt: list[int], max_new_tokens: int):
         self.engine.generate(prompt, min(8, max_new_tokens))

@@ -182,8 +182,8 @@ def aggregate(records: list[ScheduleRecord]) -> dict:
 def cost_model(method: Ours, records: list[ScheduleRecord], fit: dict) -> dict:
     """Per decode iteration (after the prefill): fit-predicted model time (calls x tau + rows x delta)
     against the measured model and non-model time, and the tokens it yields."""
-    calls = len(method.steps)
-    rows = sum(s.layout.rows for s in method.steps)
+    calls = len(method.layouts)
+    rows = sum(lay.rows for lay in method.layouts)
     iters = sum(r.iterations for r in records) or 1
     model_ms = 1e3 * sum(r.model_s - r.prefill_s for r in records) / iters
     wall_ms = 1e3 * sum(r.wall_s - r.prefill_s for r in records) / iters

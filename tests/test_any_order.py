@@ -6,12 +6,12 @@ import shutil
 
 import pytest
 import torch
-
-import packed_ss.any_order.schedules as any_order_schedules
-from packed_ss import Engine, SamplingParams, default_model_path, load_model
-from packed_ss.any_order import AnyOrderDecoder, AnyOrderState, serial_reference
-from packed_ss.attention import packed_attention_ref
 from tiny_models import checkpoint, hf_model
+
+import packed_ss.decode.any_order.schedules as any_order_schedules
+from packed_ss import Engine, SamplingParams, default_model_path, load_model
+from packed_ss.decode.any_order import AnyOrderDecoder, AnyOrderState, serial_reference
+from packed_ss.model.attention import packed_attention_ref
 
 SPECULATIVE = ("packed", "linear", "quadratic")
 PROMPTS = [[5, 17, 33, 2, 8], [60, 3], [11, 11, 40, 7, 7, 90, 1, 4]]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ...model.attention import Layout
 from ..acceptance import verify_sampled
-from ..attention import Layout
 from ..sampling import SamplingParams, densify, philox_uniform, sample_sparse, truncated_probs
 from .state import AnyOrderState
 

@@ -2,7 +2,7 @@
 
 The window, order and acceptance are decided on the host from each call's argmax (u_t and p vary per
 iteration, paper Table 2), so this loop reads the device once per call; the LTR schedules of
-`packed_ss.schedules` are the fixed-shape, sync-free ones.
+`packed_ss.decode.schedules` are the fixed-shape, sync-free ones.
 """
 from __future__ import annotations
 

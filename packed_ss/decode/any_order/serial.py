@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import Layout, packed_attention_ref
+from ...model.attention import Layout, packed_attention_ref
 from .state import AnyOrderState, Iteration
 
 

@@ -121,8 +121,9 @@ class Engine:
         Temperature 0 is greedy decoding; otherwise tokens follow the AR distribution after
         temperature, top-k and top-p, exactly, whatever the schedule.
         """
-        decoding = self.stream(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
-                               stop_token_ids, stop_sequences)
+        request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                                        eos_token_id, stop_token_ids, stop_sequences)
+        decoding = self._decode(request, params, stream=False)
         while True:
             try:
                 next(decoding)
@@ -139,9 +140,12 @@ class Engine:
         here, before anything runs."""
         request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                         eos_token_id, stop_token_ids, stop_sequences)
+        return self._decode(request, params, stream=True)
+
+    def _decode(self, request: Request, params: SamplingParams, stream: bool):
         if self._any_order is not None:
             return self._stream_any_order(request, params)
-        return self.runtime.decode(self.program(params), request)
+        return self.runtime.decode(self.program(params), request, stream)
 
     def _request(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
                  stop_token_ids, stop_sequences) -> tuple[Request, SamplingParams]:

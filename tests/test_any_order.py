@@ -7,9 +7,10 @@ import shutil
 import pytest
 import torch
 
-import packed_ss.any_order.schedules as any_order_schedules
 from packed_ss import Engine, SamplingParams, default_model_path, load_model
 from packed_ss.any_order import AnyOrderDecoder, AnyOrderState, serial_reference
+from packed_ss.any_order.rules import apply_stops
+from packed_ss.any_order.schedules.native import Native
 from packed_ss.attention import packed_attention_ref
 from tiny_models import checkpoint, hf_model
 
@@ -82,36 +83,42 @@ def test_ltr_equals_transformers_on_trained_model(trained):
     assert out.tokens == hf_ar_greedy(path, prompts[0], 32, model.cfg.mask_token_id)
 
 
-def _spy_rows(model):
-    """Wrap model.forward to record the number of input rows of every call."""
+def _spy_rows(model, live_below):
+    """Wrap model.forward to record, per call, its padded row count and its live rows: those at a position
+    id below `live_below` (padding rows sit past every output position)."""
     rows, forward = [], model.forward
 
-    def spy(tokens, *args, **kwargs):
-        rows.append(tokens.numel())
-        return forward(tokens, *args, **kwargs)
+    def spy(tokens, positions, *args, **kwargs):
+        rows.append((tokens.numel(), int((positions < live_below).sum())))
+        return forward(tokens, positions, *args, **kwargs)
     model.forward = spy
     return rows, lambda: delattr(model, "forward")
 
 
-@pytest.mark.parametrize("schedule,calls,expected", [
-    ("packed", 1, lambda p, u: p + 3 * u),
-    ("linear", 2, lambda p, u: p + 3 * u),
-    ("quadratic", 1, lambda p, u: p + 2 * u + u * u),
-    ("native", 1, lambda p, u: p + u),
-    ("ar", 1, lambda p, u: p + 1),
+@pytest.mark.parametrize("schedule,calls,expected,padded", [
+    ("packed", 1, lambda p, u: p + 3 * u, 1 + 3 * 8),
+    ("linear", 2, lambda p, u: p + 3 * u, 1 + 3 * 8),
+    ("quadratic", 1, lambda p, u: p + 2 * u + u * u, 1 + 2 * 8 + 8 * 8),
+    ("native", 1, lambda p, u: p + u, 8 + 8),
+    ("ar", 1, lambda p, u: p + 1, 2),
 ])
-def test_rows_per_iteration_match_table_2(trained, schedule, calls, expected):
-    """Rows fed to the model per iteration, counted at the model call, are the paper's Table 2 sizes."""
+def test_rows_per_iteration_match_table_2(trained, schedule, calls, expected, padded):
+    """Rows fed to the model per iteration are the paper's Table 2 sizes. The call has a fixed shape
+    (`padded` rows, inert padding included); the spy counts the *live* rows of each call, which must be
+    p + 3u_t etc. and equal the trace's count."""
     model, prompts = trained
     order = "confidence" if schedule in SPECULATIVE else None
-    rows, restore = _spy_rows(model)
+    prompt = prompts[2]
+    rows, restore = _spy_rows(model, live_below=len(prompt) + 40)
     try:
-        out = Engine(model, schedule, width=8, order=order).generate(prompts[2], 40, eos_token_id=[])
+        out = Engine(model, schedule, width=8, order=order).generate(prompt, 40, eos_token_id=[])
     finally:
         restore()
-    assert rows[0] == len(prompts[2])                          # the prompt call (paper E.2)
-    per_iteration = [sum(rows[1 + calls * i: 1 + calls * (i + 1)]) for i in range(len(out.iterations))]
+    assert rows[0] == (len(prompt), len(prompt))                  # the prompt call (paper E.2)
     assert len(rows) == 1 + calls * len(out.iterations) == out.nfe
+    calls_of = [rows[1 + calls * i: 1 + calls * (i + 1)] for i in range(len(out.iterations))]
+    assert all(sum(total for total, _ in c) == padded for c in calls_of)
+    per_iteration = [sum(live for _, live in c) for c in calls_of]
     for it, n in zip(out.iterations, per_iteration):
         assert n == it.rows == expected(it.pending_rows, it.window)
     assert {it.pending_rows for it in out.iterations} <= ({0, 1} if schedule != "native" else set(range(9)))
@@ -157,16 +164,36 @@ def test_truncation_reprocesses_rows_that_saw_dropped_tokens(trained):
     assert reprocessed > 0, "no run exercised the truncation path"
 
 
+def _state(tokens: dict[int, int], accepted: list[int], n_cached: int, stops) -> AnyOrderState:
+    st = AnyOrderState.new(3, 1, prompt_len=3, max_new=6, seed=0, stops=stops, device="cpu")
+    for j, t in tokens.items():
+        st.out[j] = t
+    st.acc_pos[:len(accepted)] = torch.tensor(accepted)
+    st.n_acc.fill_(len(accepted))
+    st.n_cached.fill_(n_cached)
+    return st
+
+
 def test_apply_stops_keeps_acceptance_order():
-    st = AnyOrderState(prompt_len=3, limit=6, stop_sequences=[(7, 8)])
-    for j, t in [(0, 1), (4, 5), (1, 7)]:
-        st.tokens[j] = t
-    st.cached, st.pending = [0, 4], [(1, 7)]
-    st.tokens[2] = 8
-    st.pending.append((2, 8))
-    st.apply_stops()
-    assert st.end == 2 and st.output() == [1, 7, 8]
-    assert st.cached == [0] and st.pending == [(1, 7), (2, 8)] and st.tokens[4] is None
+    """P_t = [0, 4 | 1, 2] (cache | pending) with stop (7, 8) at positions 1-2: E = 2, pair 4 leaves, the
+    pending rows keep their order, and the cache keeps the rows before the dropped one."""
+    st = _state({0: 1, 4: 5, 1: 7, 2: 8}, [0, 4, 1, 2], 2, [(7, 8)])
+    apply_stops(st, torch.tensor(True))
+    assert int(st.end) == 2 and st.out[:3].tolist() == [1, 7, 8] and int(st.out[4]) == -1
+    assert st.acc_pos[:int(st.n_acc)].tolist() == [0, 1, 2] and int(st.n_cached) == 1
+    assert int(st.n_out) == 3 and bool(st.done) and int(st.reprocessed) == 0
+
+
+def test_apply_stops_requeues_cache_rows_that_saw_a_dropped_token():
+    """Cache [0, 4, 1], pending [2]: the row of 1 saw the dropped 4, so it leaves the cache and is pending
+    again, before 2; a step on an inactive state changes nothing."""
+    st = _state({0: 1, 4: 5, 1: 7, 2: 8}, [0, 4, 1, 2], 3, [(7, 8), (9,)])
+    before = {k: v.clone() for k, v in st.tensors().items()}
+    apply_stops(st, torch.tensor(False))
+    assert all(torch.equal(before[k].nan_to_num(), v.nan_to_num()) for k, v in st.tensors().items())
+    apply_stops(st, torch.tensor(True))
+    assert st.acc_pos[:int(st.n_acc)].tolist() == [0, 1, 2] and int(st.n_cached) == 1
+    assert int(st.reprocessed) == 1 and int(st.end) == 2
 
 
 @pytest.mark.parametrize("schedule", ["packed", "quadratic", "native"])
@@ -183,7 +210,7 @@ def test_triton_backend_matches_torch(schedule):
 def test_native_threshold_decoder(trained, monkeypatch, threshold):
     """Every call commits at least one position; a lower threshold commits several per call (this tiny
     model rarely reaches 0.9)."""
-    monkeypatch.setattr(any_order_schedules, "NATIVE_THRESHOLD", threshold)
+    monkeypatch.setattr(Native, "threshold", threshold)
     model, prompts = trained
     out = Engine(model, "native", width=8).generate(prompts[0], 48, eos_token_id=[])
     assert len(out.tokens) == 48 and all(t is not None for t in out.tokens)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import packed_ss
-import packed_ss.any_order.schedules as any_order_schedules
+import packed_ss.any_order.schedules.base as any_order_schedules
 from packed_ss.sampling import SamplingParams, densify, truncated_probs
 from test_sampling_exactness import (ALPHA, LENGTH, PROMPT, T1, TOP_K, TOP_P, VOCAB, g_test_pvalue, ignore_stored_q,
                                      residual_from_p, sample)

@@ -1,52 +1,84 @@
-"""The any-order decode loop: prompt call, then schedule iterations until positions 0..E are filled.
+"""A minimal driver of the any-order schedules, the shape of the shared runtime's loop: the prompt call,
+then iterations of the schedule's steps, reading (done, hold) once per iteration; `resume()` when held.
 
-The window, order and acceptance are decided on the host from each call's argmax (u_t and p vary per
-iteration, paper Table 2), so this loop reads the device once per call; the LTR schedules of
-`packed_ss.schedules` are the fixed-shape, sync-free ones.
+`compile` wraps each step (input, model call, update) in torch.compile(fullgraph=True) with that backend.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from ..sampling import SamplingParams
-from .schedules import SCHEDULES, Call
-from .state import AnyOrderState
+from .call import ModelInput
+from .schedules import SCHEDULES, AnyOrderSchedule
+from .state import Iteration
+
+
+@dataclass
+class Decoded:
+    tokens: list[int]
+    nfe: int
+    n_verify: int
+    n_accepted: int
+    trace: list[Iteration]
+    reprocessed: int
+
+    def output(self) -> list[int]:
+        return self.tokens
 
 
 class AnyOrderDecoder:
-    def __init__(self, model, schedule: str, width: int, order: str, attend, cache_for=None):
+    def __init__(self, model, schedule: str, width: int, order: str, attend, cache_for=None,
+                 compile: str | None = None):
         """`cache_for(capacity)` returns a KV cache view (the Engine shares its own); default: a new cache."""
         self.model, self.attend, self.width = model, attend, width
-        self.schedule_name, self.order = schedule, order
+        self.schedule_name, self.order, self.compile = schedule, order, compile
         self.cache_for = cache_for or model.new_cache
+        self.schedules: dict[SamplingParams, AnyOrderSchedule] = {}
         self.model_s = 0.0
+
+    def schedule(self, params: SamplingParams) -> AnyOrderSchedule:
+        if params not in self.schedules:
+            self.schedules[params] = SCHEDULES[self.schedule_name](self.model, self.width, params, self.order)
+        return self.schedules[params]
 
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
-                 stop_sequences: list[tuple[int, ...]]) -> AnyOrderState:
-        device = self.model.device
+                 stop_sequences: list[tuple[int, ...]]) -> Decoded:
+        sched = self.schedule(params)
         cache = self.cache_for(len(prompt) + max_new_tokens + 3 * self.width + 1)
+        st = sched.new_state(len(prompt), max_new_tokens, seed, [], stop_sequences)
         self.model_s = 0.0
 
-        def run(st: AnyOrderState, call: Call, cache_len: int | None = None) -> torch.Tensor:
-            tokens = torch.tensor(call.tokens, dtype=torch.int64, device=device)
-            positions = torch.tensor(call.positions, dtype=torch.int64, device=device)
-            length = torch.tensor(st.cache_len if cache_len is None else cache_len, device=device)
+        def call(inp: ModelInput) -> torch.Tensor:
+            return self.model(inp.tokens, inp.positions, inp.layout, cache, inp.cache_len, attend=self.attend)
+
+        def timed(inp: ModelInput) -> torch.Tensor:
             t0 = time.perf_counter()
-            logits = self.model(tokens, positions, call.layout(device), cache, length, attend=self.attend)
+            logits = call(inp)
             self.model_s += time.perf_counter() - t0
-            st.nfe += 1
             return logits
 
-        seed_t = torch.tensor(seed, dtype=torch.int64, device=device)
-        sched = SCHEDULES[self.schedule_name](run, self.model.cfg.mask_token_id, self.width, self.order, params,
-                                              seed_t)
-        st = AnyOrderState(len(prompt), max_new_tokens, stop_sequences)
+        runs = [lambda st, step=step: step.update(st, call(step.inputs(st))) for step in sched.steps]
+        if self.compile:
+            runs = [torch.compile(run, fullgraph=True, backend=self.compile) for run in runs]
+        else:
+            runs = [lambda st, step=step: step.update(st, timed(step.inputs(st))) for step in sched.steps]
         with torch.inference_mode():
-            sched.prefill(st, prompt)
-            while not st.done:
-                if len(st.trace) > max_new_tokens:   # every iteration resolves >= 1 position
-                    raise RuntimeError("any-order decoder made no progress; this is a bug")
-                sched.iterate(st)
-        return st
+            prefill = sched.prefill(torch.tensor(prompt, dtype=torch.int64, device=self.model.device))
+            prefill.update(st, timed(prefill.inputs(st)))
+            for _ in range(max_new_tokens):   # every iteration resolves >= 1 position
+                for run in runs:
+                    run(st)
+                done, hold = torch.stack([st.done, st.hold]).tolist()   # the one host read
+                if hold:
+                    sched.resume(st, timed)
+                    done = bool(st.done)
+                if done:
+                    break
+            else:
+                raise RuntimeError("any-order decoder made no progress; this is a bug")
+            tokens = st.out[:int(st.n_out)].tolist()
+            return Decoded(tokens, int(st.nfe), int(st.n_verify), int(st.n_accepted),
+                           sched.finish(st)["iterations"], int(st.reprocessed))

@@ -141,27 +141,31 @@ def test_stop_sequence_ends_output_at_earliest_marker(trained):
                 assert out.tokens == base[:first_end + 1]
 
 
-def test_truncation_reprocesses_rows_that_saw_dropped_tokens(trained):
+@pytest.mark.parametrize("schedule", ["packed", "quadratic"])
+def test_truncation_reprocesses_rows_that_saw_dropped_tokens(trained, schedule):
     """A stop recognised after positions beyond it were accepted: those leave P_t, and cache rows that saw
     them are processed again; the output still equals the serial reference. Markers are picked from a
-    free run where a later position was accepted no later than the marker's end (the run is the same
-    until the marker is recognised)."""
+    free run where, in the iteration that completes the marker, a later position is already cached and an
+    earlier one still open (the run is the same until the marker is recognised): the re-queued rows then
+    overflow the call's one N slot, the step sets `hold`, and resume() runs an iteration with a wider N."""
     model, prompts = trained
-    decoder = AnyOrderDecoder(model, "packed", 8, "confidence", packed_attention_ref)
-    reprocessed = 0
+    decoder = AnyOrderDecoder(model, schedule, 8, "confidence", packed_attention_ref)
+    reprocessed = held = 0
     for prompt in prompts:
         free = decoder.generate(prompt, 48, SamplingParams(), 0, [])
         when = {j: t for t, it in enumerate(free.trace) for j in it.order[:it.accepted]}
         tokens = free.output()
-        candidates = [i for i in range(1, 48) if any(j > i and when[j] <= when[i] for j in range(i + 1, 48))
-                      and all(tokens[e - 1:e + 1] != tokens[i - 1:i + 1] for e in range(1, i))]
-        for i in candidates[:4]:
+        candidates = [i for i in range(1, 48) if all(tokens[e - 1:e + 1] != tokens[i - 1:i + 1] for e in range(1, i))
+                      and any(when[j] < max(when[i - 1], when[i]) for j in range(i + 1, 48))
+                      and any(when[k] > max(when[i - 1], when[i]) for k in range(i - 1))]
+        for i in candidates[:3]:
             marker = tuple(tokens[i - 1:i + 1])
             st = decoder.generate(prompt, 48, SamplingParams(), 0, [marker])
             assert st.output() == tokens[:i + 1]
             assert st.output() == serial_reference(model, prompt, st.trace, 48, [marker])
             reprocessed += st.reprocessed
-    assert reprocessed > 0, "no run exercised the truncation path"
+            held += sum(it.pending_rows > 1 for it in st.trace)
+    assert reprocessed > 0 and held > 0, "no run exercised the truncation path"
 
 
 def _state(tokens: dict[int, int], accepted: list[int], n_cached: int, stops) -> AnyOrderState:

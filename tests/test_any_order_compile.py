@@ -1,0 +1,85 @@
+"""Any-order steps are fixed-shape and read nothing on the host: each one (input, model call, update)
+compiles with torch.compile(fullgraph=True), which refuses host reads and data-dependent control flow,
+and decodes exactly as eager; eagerly, a step runs with Tensor.item / tolist / bool / int / float /
+nonzero patched to fail; a step after the stop changes nothing."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from packed_ss import SamplingParams, load_model
+from packed_ss.any_order import AnyOrderDecoder
+from packed_ss.any_order.schedules import SCHEDULES
+from packed_ss.attention import packed_attention_ref
+from tiny_models import checkpoint
+
+PROMPTS = [[5, 17, 33, 2, 8], [60, 3]]
+GREEDY, SAMPLED = SamplingParams(), SamplingParams(temperature=1.0, top_k=20)
+CASES = [(s, o, GREEDY) for s in ("packed", "linear", "quadratic") for o in ("ltr", "confidence")] + [
+    ("native", "ltr", GREEDY), ("ar", "ltr", GREEDY), ("packed", "ltr", SAMPLED), ("linear", "ltr", SAMPLED)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(checkpoint("qwen3-qknorm", any_order=True), dtype=torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Every schedule's steps share the driver's code objects: start each test with dynamo's cache empty."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _decode(decoder, prompt, params, stops):
+    return decoder.generate(prompt, 12, params, 1, stops)
+
+
+@pytest.mark.parametrize("schedule,order,params", CASES,
+                         ids=[f"{s}-{o}-{'greedy' if p.greedy else 'sampled'}" for s, o, p in CASES])
+def test_compiled_steps_equal_eager(model, schedule, order, params):
+    eager = AnyOrderDecoder(model, schedule, 3, order, packed_attention_ref)
+    compiled = AnyOrderDecoder(model, schedule, 3, order, packed_attention_ref, compile="aot_eager")
+    for prompt in PROMPTS[:1]:   # each new shape (cache, stop table) compiles again
+        free = _decode(eager, prompt, params, [])
+        for stops in ([], [tuple(free.tokens[5:7]), (free.tokens[9],)]):
+            a, b = _decode(eager, prompt, params, stops), _decode(compiled, prompt, params, stops)
+            assert (a.tokens, a.nfe, a.n_verify, a.n_accepted, a.trace) == \
+                (b.tokens, b.nfe, b.n_verify, b.n_accepted, b.trace)
+
+
+@contextlib.contextmanager
+def no_host_reads(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a decode step read a tensor on the host")
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "nonzero"):
+            m.setattr(torch.Tensor, name, refuse)
+        yield
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_steps_read_nothing_and_freeze_after_done(model, monkeypatch, schedule, params):
+    if not params.greedy and schedule == "native":
+        pytest.skip("the native decoder is greedy")
+    sched = SCHEDULES[schedule](model, 3, params, "ltr")
+    st = sched.new_state(len(PROMPTS[0]), 6, 0, [], [(7, 8)])
+    cache = model.new_cache(64)
+
+    def run(step):
+        step.update(st, model(*step.inputs(st)[:3], cache, step.inputs(st).cache_len, attend=packed_attention_ref))
+    with torch.inference_mode():
+        run(sched.prefill(torch.tensor(PROMPTS[0])))
+        for _ in range(6):
+            with no_host_reads(monkeypatch):
+                for step in sched.steps:
+                    run(step)
+        assert bool(st.done)
+        before = {k: v.clone() for k, v in st.tensors().items()}
+        for step in sched.steps:
+            run(step)
+        assert all(torch.equal(before[k].nan_to_num(), v.nan_to_num()) for k, v in st.tensors().items())

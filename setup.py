@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -105,7 +105,7 @@ class CMakeBuild(build_ext):
 ext_modules = [] if _flag("PACKED_SS_NATIVE", "1") in ("0", "false", "no") else [CMakeExtension("packed_ss._epilogue")]
 
 setup(
-    packages=["packed_ss", "packed_ss.schedules", "packed_ss.any_order", "packed_ss.kernels"],
+    packages=[*find_packages(include=["packed_ss", "packed_ss.*"]), "packed_ss.kernels"],
     package_dir={"packed_ss": "packed_ss", "packed_ss.kernels": "kernels"},
     package_data={"packed_ss": ["assets/*/*"]},
     ext_modules=ext_modules,

@@ -1,14 +1,15 @@
 """Left-to-right verification of a draft: greedy matching or rejection sampling against the stored Q.
 
-Given the verifier's logits at the B = W+1 rows [last prefix token, d_1 .. d_W], returns the emitted
-tokens C (only the first A are meaningful) and A = h + 1, where h is the accepted draft prefix and the
-last emitted token is the correction (after a rejection) or the bonus (after full acceptance).
+Given the verifier's rows [last prefix token, d_1 .. d_W] (B = W+1 of them, already processed: their
+argmax, or their target distribution p), returns the emitted tokens C (only the first A are meaningful)
+and A = h + 1, where h is the accepted draft prefix and the last emitted token is the correction (after
+a rejection) or the bonus (after full acceptance).
 """
 from __future__ import annotations
 
 import torch
 
-from .sampling import SamplingParams, densify, inverse_cdf, take, truncated_probs
+from .sampling import densify, inverse_cdf, take
 
 
 def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
@@ -16,23 +17,21 @@ def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
     return accept.long().cumprod(0).sum()
 
 
-def verify_greedy(draft, draft_len, logits):
-    """Accept the leading draft tokens equal to the verifier argmax; emit the argmax after them."""
-    v = logits.argmax(-1)
+def verify_greedy(draft, draft_len, argmax):
+    """Accept the leading draft tokens equal to the verifier argmax [W+1]; emit the argmax after them."""
     w = draft.shape[0]
-    match = (draft == v[:w]) & (torch.arange(w, device=draft.device) < draft_len)
-    return v, _accepted_prefix(match) + 1
+    match = (draft == argmax[:w]) & (torch.arange(w, device=draft.device) < draft_len)
+    return argmax, _accepted_prefix(match) + 1
 
 
-def verify_sampled(draft, draft_len, q_idx, q_prob, logits, u, params: SamplingParams):
+def verify_sampled(draft, draft_len, q_idx, q_prob, p, u):
     """Rejection sampling (paper Alg. 2, lines 5-8) against the *stored* proposal distributions.
 
-    draft [W], q_idx / q_prob [W, K]: the sparse Q each draft token was drawn from; u [W + 1] uniforms.
+    draft [W]; q_idx / q_prob [W, K]: the sparse Q each draft token was drawn from; p [W+1, V]: the dense target at the verifier rows; u [W + 1] uniforms.
     Accept d_i while u_i * Q_i(d_i) < p_i(d_i); at the first rejection draw from max(p - Q, 0),
     after full acceptance draw the bonus from p.
     """
-    w, vocab = draft.shape[0], logits.shape[-1]
-    p = densify(*truncated_probs(logits, params), vocab)                      # [W+1, V]
+    w, vocab = draft.shape[0], p.shape[-1]
     rows = torch.arange(w, device=draft.device)
     p_d = p[rows, draft]
     q_d = (q_prob * (q_idx == draft[:, None])).sum(-1).to(p.dtype)

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
     gen.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
     gen.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    gen.add_argument("--stream", action="store_true",
+                     help="print the continuation as the decoder accepts it, with one schedule (packed "
+                          "unless --schedule names another), then its cost line")
     gen.add_argument("--threads", type=_positive_int, default=1,
                      help="CPU threads for torch (default 1: fastest for small models, whose calls are "
                           "overhead-bound)")
@@ -92,6 +95,9 @@ def generate(args) -> int:
             raise ValueError("an any-order model samples only in LTR order and not with the native decoder "
                              "(see Engine); use --temperature 0, or --order ltr")
         schedules = [s for s in schedules if s != "native"]
+    if args.stream:
+        name = "packed" if args.schedule == "all" else args.schedule
+        return stream(Engine(model, schedule=name, width=args.width, order=args.order), tokenizer, prompt, args)
     rows, continuation = [], None
     for name in schedules:
         order = args.order if name not in ("ar", "native") else None
@@ -112,6 +118,27 @@ def generate(args) -> int:
     for name, res in rows:
         print(f"{name:<10} {len(res.tokens):>6} {res.nfe:>5} {res.tokens_per_nfe:>10.2f} "
               f"{res.wall_s:>8.3f} {len(res.tokens) / res.wall_s:>9.1f} {'yes' if res.tokens == continuation else 'no':>9}")
+    return 0
+
+
+def stream(engine: Engine, tokenizer, prompt: list[int], args) -> int:
+    """Print the prompt, then the text of each accepted block as the engine yields it."""
+    print(args.prompt, end="", flush=True)
+    decoding = engine.stream(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                             top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    tokens, shown = [], ""
+    while True:
+        try:
+            tokens += next(decoding)
+        except StopIteration as end:
+            res = end.value
+            break
+        text = tokenizer.decode(tokens)   # decode the whole continuation: a block may end inside a character
+        print(text[len(shown):], end="", flush=True)
+        shown = text
+    print()
+    print(f"{engine.schedule_name} (W={engine.width}): {len(res.tokens)} tokens, NFE {res.nfe}, "
+          f"{res.tokens_per_nfe:.2f} tokens/NFE, {res.wall_s:.3f} s", file=sys.stderr)
     return 0
 
 

@@ -22,17 +22,26 @@ def _mulhilo(a_lo: torch.Tensor, a_hi: torch.Tensor, b: torch.Tensor):
     return (t_hi >> 16) + (s >> 32), s & _M32
 
 
+_constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _philox_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The round multipliers and key bumps as device tensors, made once per device: a decode step must not
+    copy Python data to the device (a host-to-device transfer per call, and no CUDA-graph capture)."""
+    if device not in _constants:
+        _constants[device] = (torch.tensor(_PHILOX_M, device=device), torch.tensor(_PHILOX_W, device=device))
+    return _constants[device]
+
+
 def philox4x32(c0, c1, c2, c3, k0, k1) -> torch.Tensor:
     """Philox4x32-10 (Salmon et al., 2011) on int64 tensors holding 32-bit words; returns [..., 4].
 
     The two multiplications of a round run as one op on stacked lanes (words 0 and 2).
     """
-    device = c0.device
     even, odd = torch.stack([c0, c2]), torch.stack([c1, c3])
-    mult = torch.tensor(_PHILOX_M, device=device).view(2, *([1] * c0.dim()))
+    mult, bump = (t.view(2, *([1] * c0.dim())) for t in _philox_constants(c0.device))
     a_lo, a_hi = mult & 0xFFFF, mult >> 16
     key = torch.stack([k0, k1]).view(2, *([1] * c0.dim()))
-    bump = torch.tensor(_PHILOX_W, device=device).view_as(mult)
     for _ in range(10):
         hi, lo = _mulhilo(a_lo, a_hi, even)
         # (c0, c1, c2, c3) <- (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0)

@@ -14,7 +14,9 @@ class DecodeState:
 
     The cache holds the verified prefix except its last token `last`; `out[:n_out]` is the output.
     `draft[:draft_len]` is the current draft, `q_idx`/`q_prob` the sparse distribution each draft token
-    was drawn from (unused under greedy decoding). The host reads only `done`.
+    was drawn from (unused under greedy decoding). `stop_ids` are one-token stops (padded with -1, which
+    no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
+    on the left with -1 (matches anything). The host reads nothing of it but the runtime's poll.
     """
     cache_len: torch.Tensor
     last: torch.Tensor
@@ -28,6 +30,7 @@ class DecodeState:
     seed: torch.Tensor
     offset: torch.Tensor
     stop_ids: torch.Tensor
+    stop_seqs: torch.Tensor
     max_new: torch.Tensor
     nfe: torch.Tensor
     n_verify: torch.Tensor
@@ -35,9 +38,11 @@ class DecodeState:
 
     @classmethod
     def new(cls, width: int, support: int, max_new: int, stop_ids, seed: int, device,
-            out_len: int | None = None, stop_slots: int | None = None) -> "DecodeState":
-        """A fresh state. `out_len` / `stop_slots` fix the output buffer length and the number of stop-id
-        slots (padded with -1, which no token matches), so that states of different requests share shapes."""
+            out_len: int | None = None, stop_slots: int | None = None, stop_sequences=(),
+            sequence_slots: tuple[int, int] | None = None) -> "DecodeState":
+        """A fresh state. `out_len`, `stop_slots` and `sequence_slots` (count, length) fix the output buffer
+        length and the stop tables' shapes (padded with -1), so that states of different requests share
+        shapes (the CUDA-graph loop reuses one)."""
         def scalar(v, dtype=torch.int64):
             return torch.tensor(v, dtype=dtype, device=device)
         stop = sorted(stop_ids)
@@ -45,6 +50,11 @@ class DecodeState:
             if len(stop) > stop_slots:
                 raise ValueError(f"{len(stop)} stop ids do not fit {stop_slots} slots")
             stop = stop + [-1] * (stop_slots - len(stop))
+        n_seq, seq_len = sequence_slots or (len(stop_sequences), max(map(len, stop_sequences), default=0))
+        if len(stop_sequences) > n_seq or any(len(s) > seq_len for s in stop_sequences):
+            raise ValueError(f"stop sequences do not fit {n_seq} slots of {seq_len} tokens")
+        seqs = [[-1] * (seq_len - len(s)) + list(s) for s in stop_sequences]
+        seqs += [[-1] * (seq_len - 1) + [-2]] * (n_seq - len(seqs)) if seq_len else []   # -2: matches no token
         out_len = max(out_len or 0, max_new + 2 * (width + 1))
         return cls(
             cache_len=scalar(0), last=scalar(0),
@@ -54,6 +64,7 @@ class DecodeState:
             out=torch.zeros(out_len, dtype=torch.int64, device=device),
             n_out=scalar(0), done=scalar(False, torch.bool), seed=scalar(seed), offset=scalar(0),
             stop_ids=torch.tensor(stop, dtype=torch.int64, device=device),
+            stop_seqs=torch.tensor(seqs, dtype=torch.int64, device=device).view(n_seq, seq_len),
             max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0),
         )
 
@@ -92,6 +103,24 @@ def emit(st: DecodeState, emitted: torch.Tensor, n_accept: torch.Tensor) -> torc
               last=take(emitted, (a - 1).clamp(min=0)),
               done=(n_out >= st.max_new) | (first_stop <= a))
     return a
+
+
+def stop_at_sequences(st: DecodeState, start: torch.Tensor) -> None:
+    """End the output at the first stop sequence completed by the tokens out[start:n_out] just emitted.
+
+    A sequence may begin in earlier output (never in the prompt); the output keeps it whole and drops
+    what follows (the same rule as the any-order decoder's, paper E.2). Fixed shape: the candidate ends
+    are the B = W+1 slots from `start`, the most one call emits."""
+    seqs = st.stop_seqs
+    n_seq, length = seqs.shape
+    ends = start + torch.arange(st.draft.shape[0] + 1, device=seqs.device)                 # [B]
+    at = ends[:, None] - (length - 1) + torch.arange(length, device=seqs.device)           # [B, L]
+    tokens = st.out.index_select(0, at.clamp(min=0).flatten()).view_as(at)
+    match = (seqs[None] == -1) | ((tokens[:, None, :] == seqs[None]) & (at[:, None, :] >= 0))  # [B, S, L]
+    hit = match.all(-1).any(-1) & (ends < st.n_out)
+    first_end = torch.where(hit, ends, st.out.numel()).amin()
+    st.n_out.copy_(torch.minimum(st.n_out, first_end + 1))
+    st.done.logical_or_(hit.any())
 
 
 def retain(st: DecodeState, z, z_idx, z_prob, a: torch.Tensor, active: torch.Tensor) -> None:

@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 
-from packed_ss import Engine, SamplingParams, default_model_path, load_model
-from packed_ss.any_order import AnyOrderDecoder, AnyOrderState, serial_reference
+from packed_ss import Engine, default_model_path, load_model
+from packed_ss.any_order import AnyOrderState, serial_reference
 from packed_ss.any_order.rules import apply_stops
 from packed_ss.any_order.schedules.native import Native
 from packed_ss.attention import packed_attention_ref
@@ -149,23 +149,22 @@ def test_truncation_reprocesses_rows_that_saw_dropped_tokens(trained, schedule):
     earlier one still open (the run is the same until the marker is recognised): the re-queued rows then
     overflow the call's one N slot, the step sets `hold`, and resume() runs an iteration with a wider N."""
     model, prompts = trained
-    decoder = AnyOrderDecoder(model, schedule, 8, "confidence", packed_attention_ref)
-    reprocessed = held = 0
+    engine = Engine(model, schedule, width=8, order="confidence")
+    held = 0
     for prompt in prompts:
-        free = decoder.generate(prompt, 48, SamplingParams(), 0, [])
-        when = {j: t for t, it in enumerate(free.trace) for j in it.order[:it.accepted]}
-        tokens = free.output()
+        free = engine.generate(prompt, 48, eos_token_id=[])
+        when = {j: t for t, it in enumerate(free.iterations) for j in it.order[:it.accepted]}
+        tokens = free.tokens
         candidates = [i for i in range(1, 48) if all(tokens[e - 1:e + 1] != tokens[i - 1:i + 1] for e in range(1, i))
                       and any(when[j] < max(when[i - 1], when[i]) for j in range(i + 1, 48))
                       and any(when[k] > max(when[i - 1], when[i]) for k in range(i - 1))]
         for i in candidates[:3]:
-            marker = tuple(tokens[i - 1:i + 1])
-            st = decoder.generate(prompt, 48, SamplingParams(), 0, [marker])
-            assert st.output() == tokens[:i + 1]
-            assert st.output() == serial_reference(model, prompt, st.trace, 48, [marker])
-            reprocessed += st.reprocessed
-            held += sum(it.pending_rows > 1 for it in st.trace)
-    assert reprocessed > 0 and held > 0, "no run exercised the truncation path"
+            marker = tokens[i - 1:i + 1]
+            out = engine.generate(prompt, 48, eos_token_id=[], stop_sequences=[marker])
+            assert out.tokens == tokens[:i + 1]
+            assert out.tokens == serial_reference(model, prompt, out.iterations, 48, [tuple(marker)])
+            held += sum(it.pending_rows > 1 for it in out.iterations)
+    assert held > 0, "no run exercised the truncation path"
 
 
 def _state(tokens: dict[int, int], accepted: list[int], n_cached: int, stops) -> AnyOrderState:
@@ -185,7 +184,7 @@ def test_apply_stops_keeps_acceptance_order():
     apply_stops(st, torch.tensor(True))
     assert int(st.end) == 2 and st.out[:3].tolist() == [1, 7, 8] and int(st.out[4]) == -1
     assert st.acc_pos[:int(st.n_acc)].tolist() == [0, 1, 2] and int(st.n_cached) == 1
-    assert int(st.n_out) == 3 and bool(st.done) and int(st.reprocessed) == 0
+    assert int(st.n_out) == 3 and bool(st.done)
 
 
 def test_apply_stops_requeues_cache_rows_that_saw_a_dropped_token():
@@ -197,7 +196,7 @@ def test_apply_stops_requeues_cache_rows_that_saw_a_dropped_token():
     assert all(torch.equal(before[k].nan_to_num(), v.nan_to_num()) for k, v in st.tensors().items())
     apply_stops(st, torch.tensor(True))
     assert st.acc_pos[:int(st.n_acc)].tolist() == [0, 1, 2] and int(st.n_cached) == 1
-    assert int(st.reprocessed) == 1 and int(st.end) == 2
+    assert int(st.end) == 2 and int(st.n_out) == 3
 
 
 @pytest.mark.parametrize("schedule", ["packed", "quadratic", "native"])
@@ -247,8 +246,6 @@ def test_errors(random_model):
         Engine(random_model, "packed", compile=True)
     with pytest.raises(ValueError, match="temperature"):
         Engine(random_model, "packed", order="confidence").generate([1, 2], 4, temperature=1.0)
-    with pytest.raises(ValueError, match="several tokens"):
-        Engine(ltr, "packed").generate([1, 2], 4, stop_sequences=[[3, 4]])
     with pytest.raises(ValueError, match="stop_sequences"):
         Engine(random_model, "packed").generate([1, 2], 4, stop_sequences=[[]])
 

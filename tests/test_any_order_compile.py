@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from packed_ss import SamplingParams, load_model
-from packed_ss.any_order import AnyOrderDecoder
+from packed_ss.any_order.decoder import decode
 from packed_ss.any_order.schedules import SCHEDULES
 from packed_ss.attention import packed_attention_ref
+from packed_ss.runtime import Request, Runtime
 from tiny_models import checkpoint
 
 PROMPTS = [[5, 17, 33, 2, 8], [60, 3]]
@@ -34,21 +35,22 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _decode(decoder, prompt, params, stops):
-    return decoder.generate(prompt, 12, params, 1, stops)
+def _decode(runtime, program, prompt, stops):
+    out = decode(runtime, program, Request(prompt, 12, 1, [], stops))
+    return out.tokens, out.nfe, out.n_verify, out.n_accepted, out.iterations
 
 
 @pytest.mark.parametrize("schedule,order,params", CASES,
                          ids=[f"{s}-{o}-{'greedy' if p.greedy else 'sampled'}" for s, o, p in CASES])
 def test_compiled_steps_equal_eager(model, schedule, order, params):
-    eager = AnyOrderDecoder(model, schedule, 3, order, packed_attention_ref)
-    compiled = AnyOrderDecoder(model, schedule, 3, order, packed_attention_ref, compile="aot_eager")
+    """Runtime modes "eager" and "compile" (each step: input, model call, update) give the same run."""
+    program = SCHEDULES[schedule](model, 3, params, order)
+    eager = Runtime(model, packed_attention_ref)
+    compiled = Runtime(model, packed_attention_ref, "compile", "aot_eager")
     for prompt in PROMPTS[:1]:   # each new shape (cache, stop table) compiles again
-        free = _decode(eager, prompt, params, [])
-        for stops in ([], [tuple(free.tokens[5:7]), (free.tokens[9],)]):
-            a, b = _decode(eager, prompt, params, stops), _decode(compiled, prompt, params, stops)
-            assert (a.tokens, a.nfe, a.n_verify, a.n_accepted, a.trace) == \
-                (b.tokens, b.nfe, b.n_verify, b.n_accepted, b.trace)
+        free = _decode(eager, program, prompt, [])[0]
+        for stops in ([], [tuple(free[5:7]), (free[9],)]):
+            assert _decode(eager, program, prompt, stops) == _decode(compiled, program, prompt, stops)
 
 
 @contextlib.contextmanager
@@ -67,7 +69,7 @@ def test_steps_read_nothing_and_freeze_after_done(model, monkeypatch, schedule, 
     if not params.greedy and schedule == "native":
         pytest.skip("the native decoder is greedy")
     sched = SCHEDULES[schedule](model, 3, params, "ltr")
-    st = sched.new_state(len(PROMPTS[0]), 6, 0, [], [(7, 8)])
+    st = sched.new_state(Request(PROMPTS[0], 6, 0, [], [(7, 8)]))
     cache = model.new_cache(64)
 
     def run(step):

@@ -12,18 +12,21 @@
 5. The CUDA-graph decode loop's host logic, on the CPU with eager stand-ins for capture and events
    (tests/test_gpu.py replays real graphs).
 """
+import functools
 import math
 
 import pytest
 import torch
 
 import packed_ss
-import packed_ss.engine as engine_mod
 import packed_ss.epilogue as epilogue_mod
+import packed_ss.epilogue.native as native_mod
+import packed_ss.runtime.graphs as graphs_mod
+import packed_ss.runtime.poll as poll_mod
 from epilogue_cases import differences, first_token_counts, g_test, make_case
 from packed_ss.acceptance import verify_greedy, verify_sampled
 from packed_ss.epilogue import NativeEpilogue, native_available, native_module
-from packed_ss.sampling import SamplingParams, philox_uniform
+from packed_ss.sampling import SamplingParams, densify, philox_uniform, truncated_probs
 from tiny_models import checkpoint
 
 needs_native = pytest.mark.skipif(not native_available("cpu"),
@@ -36,13 +39,14 @@ N_CASES = 1500
 def _acceptance(case) -> int | None:
     """A (= h + 1) of the reference verification for draft-verifying steps of active states, else None."""
     st = case.state
-    if case.step == "prefill" or case.schedule == "ar" or (case.schedule, case.step) == ("linear", 1) or st.done:
+    if case.step == "prefill" or case.schedule == "ar" or (case.schedule, case.step) == ("linear", 0) or st.done:
         return None
     b = case.width + 1
     if case.params.greedy:
-        return int(verify_greedy(st.draft, st.draft_len, case.logits[:b])[1])
+        return int(verify_greedy(st.draft, st.draft_len, case.logits[:b].argmax(-1))[1])
     u = philox_uniform(st.seed, st.offset, 2 * b + 1)
-    return int(verify_sampled(st.draft, st.draft_len, st.q_idx, st.q_prob, case.logits[:b], u, case.params)[1])
+    p = densify(*truncated_probs(case.logits[:b], case.params), case.vocab)
+    return int(verify_sampled(st.draft, st.draft_len, st.q_idx, st.q_prob, p, u)[1])
 
 
 @needs_native
@@ -130,10 +134,9 @@ def test_default_is_native_unless_compiled(model):
 
 
 def test_missing_module_degrades_to_torch_with_a_message(model, monkeypatch):
-    monkeypatch.setattr(epilogue_mod, "_loaded", True)
-    monkeypatch.setattr(epilogue_mod, "_module", None)
-    monkeypatch.setattr(epilogue_mod, "_error", "simulated: no such module")
-    monkeypatch.setattr(engine_mod, "_warned_torch_epilogue", False)
+    monkeypatch.setattr(native_mod, "_loaded", True)
+    monkeypatch.setattr(native_mod, "_module", None)
+    monkeypatch.setattr(native_mod, "_error", "simulated: no such module")
     with pytest.warns(RuntimeWarning, match="using the torch epilogue: .*simulated"):
         engine = packed_ss.Engine(model)
     assert engine.epilogue == "torch"
@@ -166,33 +169,20 @@ def test_cuda_path_without_gpu_raises_a_clear_error():
 
 
 # -- 5. the CUDA-graph decode loop's logic, on the CPU ----------------------------------------------------------
-class _Event:
-    def record(self):
-        pass
-
-    def synchronize(self):
-        pass
-
-
 @pytest.fixture
 def eager_graphs(monkeypatch):
-    """Engine(cuda_graph=True) on the CPU: capture returns the step itself, events and flags are plain."""
+    """Engine(cuda_graph=True) on the CPU: capture returns the iteration itself, the poll reads one late."""
     replays = []
 
-    def capture(self, run, slot):
+    def capture(run):
         def replay():
             replays.append(1)
             run()
         return replay
 
-    def slot_init(self, state, cache):
-        self.state, self.cache, self.replays, self.pool = state, cache, None, None
-        flags = torch.zeros(2, dtype=torch.bool)
-        self.flags, self.events = [flags[0], flags[1]], [_Event(), _Event()]
-
-    monkeypatch.setattr(engine_mod.Engine, "_warm_up", lambda self, runs: [run() for run in runs])
-    monkeypatch.setattr(engine_mod.Engine, "_capture", capture)
-    monkeypatch.setattr(engine_mod._GraphSlot, "__init__", slot_init)
+    monkeypatch.setattr(graphs_mod, "warm_up", lambda run: (replays.append(1), run()))
+    monkeypatch.setattr(graphs_mod, "capture", capture)
+    monkeypatch.setattr(poll_mod.Poll, "__init__", functools.partialmethod(poll_mod.Poll.__init__, lag=1))
     return replays
 
 
@@ -200,15 +190,16 @@ def eager_graphs(monkeypatch):
 @pytest.mark.parametrize("epilogue", [pytest.param("native", marks=needs_native), "torch"])
 def test_graph_loop_on_cpu_matches_eager(model, eager_graphs, schedule, epilogue):
     """Persistent state reset per request, stop flag polled one iteration late (at most one no-op
-    iteration of overshoot), reuse across requests with other lengths, seeds and stop ids."""
+    iteration of overshoot), reuse across requests with other lengths, seeds, stop ids and sequences."""
     eager = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue)
     graphed = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue)
-    graphed.cuda_graph = True          # the CPU stand-ins replace capture and events (fixture)
+    graphed.runtime.mode = "graph"     # the CPU stand-ins replace capture (fixture)
     requests = [dict(prompt=PROMPT, max_new_tokens=30, eos_token_id=[]),
                 dict(prompt=list(range(1, 20)), max_new_tokens=25, eos_token_id=None, temperature=1.0),
                 dict(prompt=PROMPT[:2], max_new_tokens=1, eos_token_id=[]),
                 dict(prompt=PROMPT, max_new_tokens=20, stop_token_ids=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
-                     temperature=0.9, top_k=8)]
+                     temperature=0.9, top_k=8),
+                dict(prompt=PROMPT, max_new_tokens=30, eos_token_id=[], stop_sequences=[[20, 21], [7, 7, 7]])]
     for i, req in enumerate(requests * 2):
         kwargs = dict(req, seed=i)
         prompt = kwargs.pop("prompt")
@@ -218,8 +209,7 @@ def test_graph_loop_on_cpu_matches_eager(model, eager_graphs, schedule, epilogue
         assert got.tokens == want.tokens, (i, got.tokens, want.tokens)
         assert (got.nfe, got.n_verify, got.n_accepted) == (want.nfe, want.n_verify, want.n_accepted)
         assert math.isnan(got.model_s)
-        steps = len(graphed._schedule(SamplingParams(float(kwargs.get("temperature", 0.0)), kwargs.get("top_k")))
-                    .steps)
-        iterations = len(eager_graphs) // steps
+        steps = len(graphed.program(SamplingParams(float(kwargs.get("temperature", 0.0)), kwargs.get("top_k"))).steps)
+        iterations = len(eager_graphs)            # replays, and the warm-up run before the first capture
         calls = want.nfe - 1                      # eager iterations after the prefill, in model calls
         assert iterations <= -(-calls // steps) + 1, (iterations, calls)

@@ -8,7 +8,12 @@
 3. Engine(cuda_graph=True) emits the tokens of eager decoding, for every schedule, greedy and sampled,
    with either epilogue, across repeated requests on one engine (captured graphs reused).
 4. Any-order decoding through the fused kernel equals the serial reference of Proposition C.1.
+Every decode loop runs under torch.cuda.set_sync_debug_mode("error"): a step that synchronises with the
+host (.item(), nonzero, a blocking copy) fails the test; the loop's one read per iteration is an event wait
+on a pinned copy, which that mode allows.
 """
+import contextlib
+
 import pytest
 import torch
 
@@ -23,6 +28,16 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 needs_cuda_native = pytest.mark.skipif(not torch.cuda.is_available() or not native_available("cuda"),
                                        reason="needs the CUDA build of the native epilogue and a GPU")
 PROMPT = [3, 17, 42, 8, 9]
+
+
+@contextlib.contextmanager
+def no_sync():
+    """Fail on any implicit device synchronisation inside the block."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.fixture
@@ -81,8 +96,10 @@ def test_graph_replay_matches_eager(model, schedule, epilogue, sampling):
     for i, req in enumerate(REQUESTS * 2):      # twice: the second round replays graphs captured in the first
         kwargs = dict(req, **sampling, seed=i)
         prompt = kwargs.pop("prompt")
-        want, got = eager.generate(prompt, **kwargs), graphed.generate(prompt, **kwargs)
-        assert got.tokens == want.tokens, (i, got.tokens, want.tokens)
+        with no_sync():
+            want, got = eager.generate(prompt, **kwargs), graphed.generate(prompt, **kwargs)
+            streamed = sum(graphed.stream(prompt, **kwargs), [])
+        assert got.tokens == want.tokens == streamed, (i, got.tokens, want.tokens)
         assert (got.nfe, got.n_verify, got.n_accepted) == (want.nfe, want.n_verify, want.n_accepted)
 
 
@@ -90,8 +107,9 @@ def test_graph_replay_matches_eager(model, schedule, epilogue, sampling):
 @pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
 def test_native_matches_torch_on_gpu_greedy(model, schedule):
     kwargs = dict(max_new_tokens=40, eos_token_id=[])
-    ref = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="torch").generate(PROMPT, **kwargs)
-    got = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="native").generate(PROMPT, **kwargs)
+    with no_sync():
+        ref = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="torch").generate(PROMPT, **kwargs)
+        got = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="native").generate(PROMPT, **kwargs)
     assert got.tokens == ref.tokens and got.nfe == ref.nfe
 
 

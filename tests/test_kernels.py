@@ -19,7 +19,9 @@ from packed_ss.commit import commit_rows as commit_rows_ref
 from packed_ss.kernels.attention import packed_attention
 from packed_ss.kernels.commit import commit_rows
 from packed_ss.sampling import SamplingParams
+from packed_ss.epilogue import TorchEpilogue
 from packed_ss.schedules import SCHEDULES
+from packed_ss.state import DecodeState
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -36,13 +38,12 @@ def engine_layout(kind: str, width: int):
     model = SimpleNamespace(device=DEVICE, cfg=SimpleNamespace(mask_token_id=0))
     sched_name, call = {
         "ar": ("ar", 0), "prefill": ("ar", "prefill"), "prefill_draft": ("packed", "prefill"),
-        "packed": ("packed", 0), "linear_verify": ("linear", 0), "linear_draft": ("linear", 1),
+        "packed": ("packed", 0), "linear_verify": ("linear", 1), "linear_draft": ("linear", 0),
         "quadratic": ("quadratic", 0),
     }[kind]
-    sched = SCHEDULES[sched_name](model, width, SamplingParams())
-    if call == "prefill":
-        return sched.prefill(torch.zeros(PROMPT, dtype=torch.int64, device=DEVICE)).layout
-    return sched.steps[call].layout
+    sched = SCHEDULES[sched_name](model, width, SamplingParams(), TorchEpilogue(DEVICE, width, SamplingParams()))
+    step = sched.prefill(torch.zeros(PROMPT, dtype=torch.int64, device=DEVICE)) if call == "prefill" else sched.steps[call]
+    return step.inputs(DecodeState.new(width, 1, 10, [], 0, DEVICE)).layout
 
 
 def poisoned_cache(kv_heads, dim, cache_len, dtype):

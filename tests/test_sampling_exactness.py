@@ -20,7 +20,7 @@ import torch
 from scipy.stats import chi2
 
 import packed_ss
-import packed_ss.schedules.base as schedule_base
+import packed_ss.epilogue.reference as torch_epilogue
 from packed_ss.acceptance import verify_sampled
 from packed_ss.sampling import SamplingParams, densify, inverse_cdf, truncated_probs
 from tiny_models import checkpoint, hf_model
@@ -83,23 +83,22 @@ def test_first_tokens_follow_ar_distribution(path, schedule, width, params):
     assert p_value > ALPHA, p_value
 
 
-def residual_from_p(draft, draft_len, q_idx, q_prob, logits, u, params):
+def residual_from_p(draft, draft_len, q_idx, q_prob, p, u):
     """Broken: after a rejection, draw the correction from p instead of max(p - Q, 0)."""
-    emitted, n_accept = verify_sampled(draft, draft_len, q_idx, q_prob, logits, u, params)
-    p = densify(*truncated_probs(logits, params), logits.shape[-1])
+    emitted, n_accept = verify_sampled(draft, draft_len, q_idx, q_prob, p, u)
     h = n_accept - 1
     c = inverse_cdf(p[h], u[draft.shape[0]])
     return torch.where(torch.arange(emitted.numel()) == h, c, emitted), n_accept
 
 
-def ignore_stored_q(draft, draft_len, q_idx, q_prob, logits, u, params):
+def ignore_stored_q(draft, draft_len, q_idx, q_prob, p, u):
     """Broken: accept d with probability p(d), as if Q were a point mass."""
-    return verify_sampled(draft, draft_len, q_idx, torch.ones_like(q_prob), logits, u, params)
+    return verify_sampled(draft, draft_len, q_idx, torch.ones_like(q_prob), p, u)
 
 
 @pytest.mark.parametrize("broken", [residual_from_p, ignore_stored_q])
 def test_detects_broken_acceptance(path, monkeypatch, broken):
-    monkeypatch.setattr(schedule_base, "verify_sampled", broken)
+    monkeypatch.setattr(torch_epilogue, "verify_sampled", broken)
     params = T1
     p_value = g_test_pvalue(sample(path, "packed", 2, params, epilogue="torch"), exact_distribution(path, params))
     assert p_value < 1e-6, p_value

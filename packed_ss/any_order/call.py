@@ -9,28 +9,12 @@ padding rows sit one past the output buffer, after every position a live row can
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, NamedTuple
-
 import torch
 
 from ..attention import Layout
+from ..runtime import ModelInput
 from .rules import gather, pending
 from .state import AnyOrderState
-
-
-class ModelInput(NamedTuple):          # the runtime's contract (packed_ss/runtime/program.py)
-    tokens: torch.Tensor       # [R] int64
-    positions: torch.Tensor    # [R] int64
-    layout: Layout
-    cache_len: torch.Tensor    # 0-d int64: anchors are written at cache_len + i
-
-
-@dataclass
-class Step:
-    """One model call: how to build its input from the state, and how to fold its logits back in."""
-    inputs: Callable[[AnyOrderState], ModelInput]
-    update: Callable[[AnyOrderState, torch.Tensor], None]
 
 
 class Rows:

@@ -88,11 +88,9 @@ def apply_stops(st: AnyOrderState, active) -> None:
     dropped = listed & (st.acc_pos > end)
     first = torch.where(dropped.any(), dropped.long().argmax(), st.n_acc)
     kept = listed & ~dropped
-    requeued = (kept & (pos >= first) & (pos < st.n_cached)).sum()
     st.assign(active, end=end, out=torch.where(pos > end, -1, st.out),
               acc_pos=st.acc_pos[torch.sort((~kept).long(), stable=True).indices],
-              n_acc=kept.sum(), n_cached=torch.minimum(st.n_cached, first),
-              reprocessed=st.reprocessed + requeued)
+              n_acc=kept.sum(), n_cached=torch.minimum(st.n_cached, first))
     resolved = (st.out >= 0) & (pos <= st.end)
     n_out = resolved.long().cumprod(0).sum()
     st.assign(active, n_out=n_out, done=n_out > st.end)

@@ -62,7 +62,6 @@ class AnyOrderState:
     nfe: torch.Tensor
     n_verify: torch.Tensor
     n_accepted: torch.Tensor
-    reprocessed: torch.Tensor   # cache rows re-queued because a stop dropped a token they saw
     n_iter: torch.Tensor
     trace_order: torch.Tensor   # [T, W] pi_t per iteration (-1 padded)
     trace_stats: torch.Tensor   # [T, 5] the TRACE columns per iteration
@@ -94,7 +93,7 @@ class AnyOrderState:
             rank_pos=full((width,), -1), seed=scalar(seed), offset=scalar(0),
             stops=torch.tensor(table, dtype=torch.int64, device=device).view(n_stop, stop_len),
             done=scalar(False, torch.bool), hold=scalar(False, torch.bool),
-            nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), reprocessed=scalar(0), n_iter=scalar(0),
+            nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_iter=scalar(0),
             trace_order=full((out_len, width), -1), trace_stats=full((out_len, len(TRACE)), 0),
         )
 
@@ -113,8 +112,8 @@ class AnyOrderState:
             t = getattr(self, name)
             t.copy_(torch.where(active, value.to(t.dtype), t))
 
-    def iterations(self) -> list[Iteration]:
-        """The trace, read from the device once."""
-        n = int(self.n_iter)
-        orders, stats = self.trace_order[:n].tolist(), self.trace_stats[:n].tolist()
-        return [Iteration([j for j in order if j >= 0], *row) for order, row in zip(orders, stats)]
+    def iterations(self, fetch=torch.Tensor.tolist) -> list[Iteration]:
+        """The trace, read from the device at the end (`fetch(tensor)`: its values on the host)."""
+        n, width = fetch(self.n_iter), self.trace_order.shape[1]
+        rows = fetch(torch.cat([self.trace_order[:n], self.trace_stats[:n]], 1))
+        return [Iteration([j for j in row[:width] if j >= 0], *row[width:]) for row in rows]

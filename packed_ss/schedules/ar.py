@@ -1,27 +1,19 @@
 """Plain autoregressive decoding: one row per call, the reference every other schedule must match."""
-import torch
-
 from .base import Schedule, Step, layout
-from ..state import emit
+from ..runtime import ModelInput
 
 
 class AR(Schedule):
     name = "ar"
     drafts = False
 
-    def __init__(self, model, width, params, native=False):
-        super().__init__(model, width, params, native)
-        self.one = torch.ones((), dtype=torch.int64, device=self.device)
-        self.steps = [Step(layout(self.device, 1), self.inputs, self.pick(self.update, self.update_native))]
+    def __init__(self, model, width, params, epilogue):
+        super().__init__(model, width, params, epilogue)
+        self.layout = layout(self.device, 1)
+        self.steps = [Step(self.inputs, self.update)]
 
     def inputs(self, st):
-        return st.last[None], st.cache_len[None]
+        return ModelInput(st.last[None], st.cache_len[None], self.layout, st.cache_len)
 
     def update(self, st, logits):
-        active = ~st.done
-        token = self.sample_token(logits[0], self.uniforms(st))
-        emit(st, token[None], self.one)
-        st.assign(active, nfe=st.nfe + 1)
-
-    def update_native(self, st, logits):
         self.epilogue.step(st, token=self.epilogue.rows(logits[:1]))

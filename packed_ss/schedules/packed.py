@@ -8,36 +8,28 @@ After accepting A_t tokens (cut to a by stop rules), the next draft is z^(a+1..W
 import torch
 
 from .base import Schedule, Step, layout
-from ..state import retain
+from ..runtime import ModelInput
 
 
 class Packed(Schedule):
     name = "packed"
 
-    def __init__(self, model, width, params, native=False):
-        super().__init__(model, width, params, native)
+    def __init__(self, model, width, params, epilogue):
+        super().__init__(model, width, params, epilogue)
         b = self.block
         self.offsets = torch.arange(b, device=self.device).repeat(2)
         self.slots = torch.arange(width, device=self.device)
-        self.steps = [Step(layout(self.device, b, [1] * b, [-1] * b), self.inputs,
-                           self.pick(self.update, self.update_native))]
+        self.layout = layout(self.device, b, [1] * b, [-1] * b)
+        self.steps = [Step(self.inputs, self.update)]
 
     def inputs(self, st):
         padded = torch.where(self.slots < st.draft_len, st.draft, self.mask_id)
-        tokens = torch.cat([st.last[None], padded, st.last[None], self.masks(self.width)])
-        return tokens, st.cache_len + self.offsets
+        tokens = torch.cat([st.last[None], padded, st.last[None], self.mask_row])
+        return ModelInput(tokens, st.cache_len + self.offsets, self.layout, st.cache_len)
 
     def update(self, st, logits):
-        active = ~st.done
-        u = self.uniforms(st)
-        b = self.block
-        emitted, n_accept = self.verify(st, logits[:b], u)     # line 3, 5-8
-        proposal = self.propose(logits[b + 1:], u)          # line 4: z^(1..W) | P_{t-1}
-        a = self.commit(st, emitted, n_accept, active)          # lines 9-11
-        retain(st, *proposal, a, active)                        # lines 12-13
-
-    def update_native(self, st, logits):
-        """update() in one epilogue call: verify rows [0, B), proposals z^(1..W) = rows [B+1, 2B)."""
         b = self.block
         rows = self.epilogue.rows(logits)
-        self.epilogue.step(st, verify=rows[:b], propose=rows[b + 1:], retain="a")
+        self.epilogue.step(st, verify=rows[:b],         # lines 3, 5-11: verify D_{t-1}, emit, commit
+                           propose=rows[b + 1:],        # line 4: z^(1..W) | P_{t-1}
+                           retain="a")                  # lines 12-13: next draft z^(a+1..W)

@@ -6,8 +6,8 @@ import torch
 
 from ...acceptance import verify_sampled
 from ...attention import Layout
-from ...sampling import SamplingParams, philox_uniform, sample_sparse, take, truncated_probs
-from ..call import ModelInput, Step
+from ...runtime import ModelInput, Request, Step
+from ...sampling import SamplingParams, densify, philox_uniform, sample_sparse, take, truncated_probs
 from ..rules import commit, drafts, hold_if_crowded, pending, plan, record, window_size
 from ..state import AnyOrderState
 
@@ -37,6 +37,7 @@ class AnyOrderSchedule:
         self.block = width + 1   # an iteration resolves positions of a window that starts at n_out
         self.ranks = torch.arange(width, device=self.device)
         self.steps: list[Step] = self.build()
+        self.reserve = self.n_pending + width   # cache slots a call may write past the output: its anchors
 
     def pending_slots(self) -> int:
         return 1
@@ -44,13 +45,14 @@ class AnyOrderSchedule:
     def build(self) -> list[Step]:
         raise NotImplementedError
 
-    def new_state(self, prompt_len: int, max_new_tokens: int, seed: int, stop_ids, stop_sequences,
-                  out_len: int | None = None, stop_slots: tuple[int, int] | None = None) -> AnyOrderState:
-        """One-token stops are stop sequences of length 1; `stop_slots` (rows, length) pads their table."""
+    def new_state(self, request: Request, out_len: int | None = None, stop_slots: int | None = None,
+                  sequence_slots: tuple[int, int] | None = None) -> AnyOrderState:
+        """Stop ids are stop sequences of length 1: one table of stop_slots + sequence_slots[0] rows."""
         support = 1 if self.params.greedy else self.params.support(self.model.cfg.vocab_size)
-        stops = [(t,) for t in stop_ids] + [tuple(s) for s in stop_sequences]
-        return AnyOrderState.new(self.width, support, prompt_len, max_new_tokens, seed, stops, self.device,
-                                 out_len, stop_slots)
+        stops = [(t,) for t in request.stop_ids] + [tuple(s) for s in request.stop_sequences]
+        n_seq, seq_len = sequence_slots or (0, 1)
+        return AnyOrderState.new(self.width, support, len(request.prompt), request.max_new_tokens, request.seed,
+                                 stops, self.device, out_len, ((stop_slots or 0) + n_seq, seq_len))
 
     def prefill(self, prompt: torch.Tensor) -> Step:
         """The prompt as causal anchors at positions 0..n0-1 (one counted call), then the first window."""
@@ -72,8 +74,8 @@ class AnyOrderSchedule:
             for step in wide.steps:
                 step.update(st, call(step.inputs(st)))
 
-    def finish(self, st: AnyOrderState) -> dict:
-        return {"iterations": st.iterations()}
+    def finish(self, st: AnyOrderState, fetch) -> dict:
+        return {"iterations": st.iterations(fetch)}
 
     # -- helpers of the steps ----------------------------------------------------------------------------
     @staticmethod
@@ -114,9 +116,9 @@ class AnyOrderSchedule:
         if u is None:
             v = logits.argmax(-1)
             return v, (tok == v).long().cumprod(0).sum()
-        rows = torch.cat([logits, logits[-1:]])
+        p = densify(*truncated_probs(torch.cat([logits, logits[-1:]]), self.params), logits.shape[-1])
         uniforms = torch.cat([u[:self.width], take(u, window_size(st))[None]])
-        emitted, a = verify_sampled(torch.where(tok >= 0, tok, 0), kappa, q_idx, q_prob, rows, uniforms, self.params)
+        emitted, a = verify_sampled(torch.where(tok >= 0, tok, 0), kappa, q_idx, q_prob, p, uniforms)
         return emitted[:self.width], a - 1
 
     def accept(self, st: AnyOrderState, active, verified, h) -> torch.Tensor:

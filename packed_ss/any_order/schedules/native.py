@@ -6,7 +6,8 @@ Live rows: p + u_t.
 """
 import torch
 
-from ..call import Rows, Step
+from ...runtime import Step
+from ..call import Rows
 from ..rules import commit, pending, window_size
 from .base import AnyOrderSchedule, confidence
 

@@ -1,0 +1,102 @@
+"""The step epilogue interface: what a schedule calls after its model call.
+
+A decode step ends with acceptance, the correction or bonus draw, emit with the stop rules, the cache
+length advance and the retain of the proposal suffix with its Q. Two objects implement it with the same
+calls and bit-identical results: `TorchEpilogue` (plain torch, the reference; it compiles with
+torch.compile) and `NativeEpilogue` (csrc/, one call per step). A schedule holds one of them and has a
+single update path.
+
+What an epilogue consumes: the model's logits, processed by `rows(logits)` into the argmax of each row
+(greedy) or the truncated distribution of each row (sampled: `truncated_probs`, sparse idx/prob sorted
+by decreasing probability, or dense with idx None when nothing truncates).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import SamplingParams, truncated_probs
+from ..state import DecodeState, stop_at_sequences
+
+
+@dataclass
+class Rows:
+    """A run of model rows as an epilogue consumes them: argmax `arg` [R] (greedy), or the truncated
+    distribution (`idx`, `prob`) [R, K] (sampled); `idx` is None when the distribution is dense (idx = token)."""
+    arg: torch.Tensor | None = None
+    idx: torch.Tensor | None = None
+    prob: torch.Tensor | None = None
+    vocab: int = 0
+
+    def __getitem__(self, rows: slice) -> "Rows":
+        if self.arg is not None:
+            return Rows(arg=self.arg[rows], vocab=self.vocab)
+        return Rows(idx=None if self.idx is None else self.idx[rows], prob=self.prob[rows], vocab=self.vocab)
+
+    def __len__(self) -> int:
+        t = self.arg if self.arg is not None else self.prob
+        return 0 if t is None else t.shape[0]
+
+    @property
+    def k(self) -> int:
+        return 0 if self.prob is None else self.prob.shape[1]
+
+
+class Epilogue:
+    """One schedule's epilogue: its device, width and sampling parameters.
+
+    `step` runs a whole epilogue: verify the stored draft against `verify` (B rows) or draw one AR token
+    from `token` (row 0); emit; then, if `retain` is given, the next draft is `propose`[shift:] with its Q,
+    shift = the emitted count ("a") or a fixed number of rows. `verify` + `commit` split it where a schedule
+    picks its proposal rows from the verification outcome (Quadratic-SS). Every call draws this call's
+    uniforms from (seed, offset) once and advances the offset on the device.
+    """
+
+    def __init__(self, device, width: int, params: SamplingParams):
+        self.device = torch.device(device)
+        self.width, self.block, self.params = width, width + 1, params
+        # Untruncated sampling: the distribution is dense (idx = token id) and no index arrays are kept.
+        self.dense = not params.greedy and params.top_k is None and params.top_p is None
+
+    def rows(self, logits: torch.Tensor) -> Rows:
+        """Argmax (greedy) or truncated distribution (sampled) of every row of logits [R, V]."""
+        vocab = logits.shape[-1]
+        if self.params.greedy:
+            return Rows(arg=logits.argmax(-1), vocab=vocab)
+        idx, prob = truncated_probs(logits, self.params)
+        if self.dense and idx.shape[-1] != vocab:   # its contract: untruncated means idx = token id
+            raise RuntimeError("truncated_probs no longer returns the dense distribution for untruncated sampling")
+        return Rows(idx=None if self.dense else idx.contiguous(), prob=prob.contiguous(), vocab=vocab)
+
+    def step(self, st: DecodeState, *, verify: Rows | None = None, token: Rows | None = None,
+             propose: Rows | None = None, retain: str | int | None = None) -> None:
+        start = self._mark(st)
+        self._step(st, verify, token, propose, retain)
+        self._stop_at_sequences(st, start)
+
+    def verify(self, st: DecodeState, verify: Rows) -> torch.Tensor:
+        """First half of a draft verification: acceptance and the correction / bonus draw. Returns A (0-d)."""
+        raise NotImplementedError
+
+    def commit(self, st: DecodeState, *, propose: Rows | None, retain: str | int | None) -> None:
+        """Second half, after `verify`: emit, count, retain."""
+        start = self._mark(st)
+        self._commit(st, propose, retain)
+        self._stop_at_sequences(st, start)
+
+    # -- stop sequences of several tokens: matched on the device after emit, for either implementation ------
+    @staticmethod
+    def _mark(st: DecodeState) -> torch.Tensor | None:
+        return st.n_out.clone() if st.stop_seqs.shape[0] else None
+
+    @staticmethod
+    def _stop_at_sequences(st: DecodeState, start: torch.Tensor | None) -> None:
+        if start is not None:
+            stop_at_sequences(st, start)
+
+    def _step(self, st, verify, token, propose, retain) -> None:
+        raise NotImplementedError
+
+    def _commit(self, st, propose, retain) -> None:
+        raise NotImplementedError

@@ -1,0 +1,33 @@
+"""What the runtime drives: a program's steps, each one model call and an in-place state update.
+
+A *program* is a schedule bound to a model, width, sampling parameters and epilogue. It offers
+`new_state(request, **shape)`, `prefill(prompt) -> Step` (the first call) and `steps` (one iteration),
+plus `block`, the most tokens one iteration can add to the output, `reserve`, the cache slots a call
+may write past the output, and optionally `entry`, the step a request's first iteration starts at. The
+host polls after the last step of every iteration. Its state is a dataclass of device tensors with at
+least `done`, `n_out`, `out` (out[:n_out] is final output), `nfe`, `n_verify`, `n_accepted`, and may have
+`hold` (set by a step when the host must run `program.resume` before the next iteration). Steps are
+fixed-shape, read nothing on the host, and change nothing once the state is done (or held).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from ..attention import Layout
+
+
+class ModelInput(NamedTuple):
+    tokens: torch.Tensor      # [R] int64
+    positions: torch.Tensor   # [R] int64
+    layout: Layout            # n_anchor static; seg / see device tensors (may be rewritten per call)
+    cache_len: torch.Tensor   # 0-d int64: valid cache slots before the call; anchors go to cache_len + i
+
+
+@dataclass
+class Step:
+    """One model call: how to build its input from the state, and how to fold its logits back in."""
+    inputs: Callable[[Any], ModelInput]
+    update: Callable[[Any, torch.Tensor], None]

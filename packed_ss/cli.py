@@ -1,6 +1,6 @@
 """Command line: `python -m packed_ss generate PROMPT` decodes with every schedule and compares them;
-`python -m packed_ss bench ...` runs the schedule benchmark (packed_ss/bench.py) and
-`python -m packed_ss bench-any-order ...` the any-order one (packed_ss/bench_any_order.py)."""
+`python -m packed_ss bench ...` runs the schedule benchmark (packed_ss/lab/bench/schedules.py) and
+`python -m packed_ss bench-any-order ...` the any-order one (packed_ss/lab/bench/any_order.py)."""
 from __future__ import annotations
 
 import argparse
@@ -73,10 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "bench-any-order", add_help=False,
         help="benchmark the any-order schedules and the native decoder (see bench-any-order --help)",
-        description="Forwards every argument to the any-order benchmark (packed_ss/bench_any_order.py).")
+        description="Forwards every argument to the any-order benchmark (packed_ss/lab/bench/any_order.py).")
     sub.add_parser(
         "bench", add_help=False, help="benchmark the schedules (throughput, intervals, peers; see bench --help)",
-        description="Forwards every argument to the benchmark (packed_ss/bench.py).")
+        description="Forwards every argument to the benchmark (packed_ss/lab/bench/schedules.py).")
     return parser
 
 
@@ -152,10 +152,10 @@ def model_path(name: str | None) -> Path:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:      # the benchmarks parse their own options
-        from .bench import main as bench_main
+        from .lab.bench.schedules import main as bench_main
         return bench_main(argv[1:])
     if argv[:1] == ["bench-any-order"]:
-        from .bench_any_order import main as bench_any_order_main
+        from .lab.bench.any_order import main as bench_any_order_main
         return bench_any_order_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:

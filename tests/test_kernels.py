@@ -1,5 +1,5 @@
 """Triton kernels against their plain-torch references: packed attention (every layout the engine
-issues) with the in-place anchor commit, the any-order KV commit, and greedy decoding end to end.
+issues) with the in-place anchor commit, and greedy decoding end to end.
 
 On the CPU the kernels run in the Triton interpreter (tests/conftest.py), in float32; on a GPU the
 same tests also run in bfloat16 and float16.
@@ -15,9 +15,7 @@ import torch
 
 from packed_ss import Engine, load_model
 from packed_ss.attention import packed_attention_ref, write_anchors
-from packed_ss.commit import commit_rows as commit_rows_ref
 from packed_ss.kernels.attention import packed_attention
-from packed_ss.kernels.commit import commit_rows
 from packed_ss.sampling import SamplingParams
 from packed_ss.epilogue import TorchEpilogue
 from packed_ss.schedules import SCHEDULES
@@ -112,30 +110,6 @@ def test_head_dims(dim, kv_heads, group, dtype):
     check_attention("packed", 7, 203, group, dim=dim, kv_heads=kv_heads, dtype=dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("count", [0, 1, 5, 8])
-@pytest.mark.parametrize("cache_len", [0, 3, CAPACITY - 8, CAPACITY - 5])
-def test_commit_rows(cache_len, count, dtype):
-    """Reference and kernel agree exactly with a plain loop; the last cases reach the end of the cache."""
-    if cache_len + count > CAPACITY:
-        pytest.skip("the commit must fit the cache")
-    kv_heads, dim, n_rows = 2, 24, 12
-    gen = torch.Generator(device="cpu").manual_seed(cache_len + count)
-    k_rows, v_rows = (torch.randn(n_rows, kv_heads, dim, generator=gen).to(DEVICE, dtype) for _ in range(2))
-    src = torch.randperm(n_rows, generator=gen)[:8].to(DEVICE)
-    caches = [poisoned_cache(kv_heads, dim, cache_len, dtype) for _ in range(2)]
-    want = [c.clone() for c in caches]
-    for i in range(count):
-        want[0][:, cache_len + i] = k_rows[src[i]]
-        want[1][:, cache_len + i] = v_rows[src[i]]
-    scalars = torch.tensor(count, device=DEVICE), torch.tensor(cache_len, device=DEVICE)
-    for fn in (commit_rows_ref, commit_rows):
-        got = [c.clone() for c in caches]
-        fn(*got, k_rows, v_rows, src, *scalars)
-        for g, w in zip(got, want):
-            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """A random 2-layer HF llama (GQA 2, head_dim 16) saved to disk and loaded through packed_ss."""
@@ -179,7 +153,6 @@ AOT = textwrap.dedent("""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from packed_ss.kernels.attention import _combine_kernel, _packed_attention_kernel
-    from packed_ss.kernels.commit import _commit_kernel
 
     def build(fn, sig, consts, **opts):
         src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
@@ -195,9 +168,6 @@ AOT = textwrap.dedent("""
               dict(G=g, D=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_N=64, NUM_SPLITS=splits, PREC=prec), num_warps=4)
     build(_combine_kernel, dict(Out="*bf16", OPart="*fp32", MPart="*fp32", LPart="*fp32", **i32("R H s_or s_oh")),
           dict(D=128, BLOCK_D=128, NUM_SPLITS=9, BLOCK_S=16))
-    build(_commit_kernel, dict(KC="*bf16", VC="*bf16", KR="*bf16", VR="*bf16", src_ptr="*i64", count_ptr="*i64",
-                               cache_len_ptr="*i64", **i32("s_kch s_kcs s_vch s_vcs s_kr s_kh s_vr s_vh")),
-          dict(HKV=8, D=128, BLOCK_H=8, BLOCK_D=128))
 """)
 
 

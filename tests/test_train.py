@@ -1,21 +1,24 @@
-"""Tests for packed_ss/train.py: the dual-stream (clean + noisy) attention mask and a
-smoke training run on a micro config."""
+"""The dual-mode trainer (packed_ss/lab/train): the dual-stream (clean + noisy) attention mask, the
+evaluation's draft queries, and a smoke training run on a micro config."""
 
 import json
 import time
 
 import torch
 
-from packed_ss import train as tr
+from packed_ss.lab.train import dual_mode
+from packed_ss.lab.train.data import EOS_ID, MASK_ID
+from packed_ss.lab.train.evaluate import draft_queries
+from packed_ss.lab.train.objective import block_layout, make_batch
 
-M = tr.MASK_ID
+M = MASK_ID
 
 
 def test_block_layout():
-    bid, start = tr.block_layout(10, 4, 2)
+    bid, start = block_layout(10, 4, 2)
     assert bid.tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
     assert start.tolist() == [0, 0, 2, 2, 2, 2, 6, 6, 6, 6]
-    bid, start = tr.block_layout(7, 3, 0)
+    bid, start = block_layout(7, 3, 0)
     assert bid.tolist() == [1, 1, 1, 2, 2, 2, 3]
     assert start.tolist() == [0, 0, 0, 3, 3, 3, 6]
 
@@ -25,7 +28,7 @@ def test_mask_by_hand():
     x = torch.tensor([[10, 11, 12, 13, 14, 15]])
     pa = torch.zeros(1, 4, dtype=torch.bool)
     pa[0, 1] = True  # block id 1 = positions 0..2 (block id 0 is the empty pre-offset block)
-    bt = tr.make_batch(x, 3, 0, pa)
+    bt = make_batch(x, 3, 0, pa)
     assert bt.input_ids.tolist() == [[10, 11, 12, 13, 14, 15, 10, M, M, M, M, M]]
     assert bt.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5]]
     assert bt.ar_labels.tolist() == [[11, 12, 13, 14, 15, -100]]
@@ -53,7 +56,7 @@ def test_mask_by_hand():
 def test_mask_with_offset_by_hand():
     # T=5, B=2, offset 1: blocks {0}, {1,2}, {3,4}; all pattern a.
     x = torch.tensor([[20, 21, 22, 23, 24]])
-    bt = tr.make_batch(x, 2, 1, torch.ones(1, 5, dtype=torch.bool))
+    bt = make_batch(x, 2, 1, torch.ones(1, 5, dtype=torch.bool))
     assert bt.input_ids[0, 5:].tolist() == [20, 21, M, 23, M]
     assert bt.diff_labels.tolist() == [[-100, -100, 22, -100, 24]]
     noisy = bt.attention_mask[0, 0, 5:].int().tolist()
@@ -88,11 +91,11 @@ def test_packed_forward_matches_engine_queries():
     x = torch.randint(2, 64, (2, T), generator=g)
     pa = torch.rand(2, T // B + 2, generator=g) < 0.5
     pa[0, 1], pa[0, 2] = True, False
-    bt = tr.make_batch(x, B, off, pa)
+    bt = make_batch(x, B, off, pa)
     logits = model(input_ids=bt.input_ids, attention_mask=bt.attention_mask, position_ids=bt.position_ids).logits
     ref = model(input_ids=x).logits
     torch.testing.assert_close(logits[:, :T], ref, rtol=1e-9, atol=1e-9)
-    _, start = tr.block_layout(T, B, off)
+    _, start = block_layout(T, B, off)
     for b in range(2):
         for s in sorted(set(start.tolist())):
             rows = (start == s).nonzero().flatten()
@@ -112,9 +115,9 @@ def test_draft_queries_match_training_layout():
     """The evaluation's overlapping query layout gives the same drafts as make_batch."""
     model = _micro_model()
     x = torch.randint(2, 64, (1, 12), generator=torch.Generator().manual_seed(2))
-    bt = tr.make_batch(x, 4, 0, torch.ones(1, 5, dtype=torch.bool))
+    bt = make_batch(x, 4, 0, torch.ones(1, 5, dtype=torch.bool))
     logits = model(input_ids=bt.input_ids, attention_mask=bt.attention_mask, position_ids=bt.position_ids).logits
-    drafts, ar_pred = tr.draft_queries(model, x[0], [0, 4, 8], 3, "a")
+    drafts, ar_pred = draft_queries(model, x[0], [0, 4, 8], 3, "a")
     want = logits[0, 12:].argmax(-1).view(3, 4)[:, 1:]
     assert torch.equal(drafts, want)
     assert torch.equal(ar_pred, logits[0, :12].argmax(-1))
@@ -128,10 +131,10 @@ def _micro_run(tmp_path, name):
             body = "\n".join(f"    x{j} = {i} * {j} + len('abc{j}')" for j in range(12))
             (data / f"mod_{i}.py").write_text(f'def f{i}(a, b):\n    """Doc {i}."""\n{body}\n    return a + b\n')
     out = tmp_path / name
-    tr.main(["--out", str(out), "--data-dir", str(data), "--heldout-pct", "30", "--vocab", "300",
-             "--hidden", "32", "--layers", "2", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
-             "--intermediate", "64", "--max-pos", "128", "--seq-len", "32", "--batch", "2", "--steps", "4",
-             "--warmup", "2", "--eval-seqs", "2", "--no-draft-check", "--log-every-s", "0"])
+    dual_mode.main(["--out", str(out), "--data-dir", str(data), "--heldout-pct", "30", "--vocab", "300",
+                   "--hidden", "32", "--layers", "2", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
+                   "--intermediate", "64", "--max-pos", "128", "--seq-len", "32", "--batch", "2", "--steps", "4",
+                   "--warmup", "2", "--eval-seqs", "2", "--no-draft-check", "--log-every-s", "0"])
     return out
 
 
@@ -144,9 +147,9 @@ def test_smoke_training(tmp_path):
     for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "TRAINING.md"):
         assert (out / f).exists(), f
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["model_type"] == "llama" and cfg["mask_token_id"] == tr.MASK_ID and cfg["eos_token_id"] == tr.EOS_ID
+    assert cfg["model_type"] == "llama" and cfg["mask_token_id"] == MASK_ID and cfg["eos_token_id"] == EOS_ID
     tok = AutoTokenizer.from_pretrained(out)
-    assert tok.mask_token_id == tr.MASK_ID and tok.eos_token_id == tr.EOS_ID
+    assert tok.mask_token_id == MASK_ID and tok.eos_token_id == EOS_ID
     text = 'def g(x):\n    """Doc.\n    >>> g(1)\n    """\n\tif x :  return x\n'
     assert tok.decode(tok(text).input_ids) == text
     model = AutoModelForCausalLM.from_pretrained(out)

@@ -26,18 +26,26 @@ from pathlib import Path
 
 import torch
 
-from .any_order import serial_reference
-from .bench import Progress, bootstrap_counts, load_prompts, paired, per_prompt
-from .engine import Engine
-from .loading import default_model_path, load_model
-from .tokenizer import load_tokenizer
+from ...any_order import serial_reference
+from ...engine import Engine
+from ...loading import default_model_path, load_model
+from ...tokenizer import load_tokenizer
+from ..humaneval import tokenized_prompts
+from ..progress import progress
+from .options import add_shared_args, apply_preset
+from .report import any_order_markdown
+from .stats import bootstrap_counts, paired, per_prompt
 
 FULL = dict(limit=40, max_new_tokens=128)
 QUICK = dict(limit=4, max_new_tokens=32)
+# (schedule, verification order) of every method compared; ar and native have no order
+ANY_ORDER_METHODS = [("ar", None), ("native", None)] + [(s, o) for o in ("ltr", "confidence")
+                                                        for s in ("linear", "quadratic", "packed")]
 
 
 @dataclass
-class Record:
+class AnyOrderRecord:
+    """One response of one method."""
     method: str
     order: str | None
     prompt: int
@@ -52,12 +60,7 @@ class Record:
     ar_token_agreement: float | None = None
 
 
-def methods(width: int) -> list[tuple[str, str | None]]:
-    return [("ar", None), ("native", None)] + [(s, o) for o in ("ltr", "confidence")
-                                               for s in ("linear", "quadratic", "packed")]
-
-
-def label(method: str, order: str | None) -> str:
+def method_label(method: str, order: str | None) -> str:
     return method if order is None else f"{method}-{order}"
 
 
@@ -67,43 +70,47 @@ def run(args) -> dict:
     model = load_model(path, dtype=torch.float32)
     if not model.cfg.any_order:
         raise SystemExit(f"--model: {path} is not an any-order model (config.json lacks any_order: true)")
-    prompts = load_prompts(load_tokenizer(path), args.limit)
+    prompts = tokenized_prompts(load_tokenizer(path), args.limit)
     stops = [(t,) for t in model.cfg.eos_token_ids]
-    engines = {(m, o): Engine(model, m, width=args.width, order=o) for m, o in methods(args.width)}
+    engines = {(m, o): Engine(model, m, width=args.width, order=o) for m, o in ANY_ORDER_METHODS}
     for engine in engines.values():
         engine.generate(prompts[0][1], 8)                         # warm-up
     records, start = [], time.perf_counter()
-    progress = Progress(len(prompts) * len(engines))
     keys = list(engines)
-    for p, (task_id, ids) in enumerate(prompts):
-        outs = {}
-        for k in range(len(keys)):                                # rotate the order so drift hits all alike
-            key = keys[(k + p) % len(keys)]
-            out = outs[key] = engines[key].generate(ids, args.max_new_tokens)
-            progress.step(f"{task_id} {label(*key)}: {len(out.tokens) / out.wall_s:.0f} tok/s")
-        ar = outs[("ar", None)].tokens
-        for (m, o), out in outs.items():
-            serial = None
-            if args.serial and m not in ("ar", "native"):
-                serial = out.tokens == serial_reference(model, ids, out.iterations, args.max_new_tokens, stops)
-            n = min(len(ar), len(out.tokens))
-            agree = sum(a == b for a, b in zip(ar, out.tokens)) / max(len(ar), len(out.tokens))
-            records.append(Record(m, o, p, len(out.tokens), out.nfe, out.wall_s, out.model_s, out.n_verify,
-                                  out.n_accepted, serial, out.tokens == ar, round(agree if n else 1.0, 4)))
-    progress.close()
+    with progress(len(prompts) * len(engines), "responses", unit="response") as bar:
+        for p, (task_id, ids) in enumerate(prompts):
+            outs = {}
+            for k in range(len(keys)):                            # rotate the order so drift hits all alike
+                key = keys[(k + p) % len(keys)]
+                out = outs[key] = engines[key].generate(ids, args.max_new_tokens)
+                bar.set_postfix_str(f"{task_id} {method_label(*key)}: {len(out.tokens) / out.wall_s:.0f} tok/s",
+                                    refresh=False)
+                bar.update()
+            ar = outs[("ar", None)].tokens
+            for (m, o), out in outs.items():
+                serial = None
+                if args.serial and m not in ("ar", "native"):
+                    serial = out.tokens == serial_reference(model, ids, out.iterations, args.max_new_tokens, stops)
+                n = min(len(ar), len(out.tokens))
+                agree = sum(a == b for a, b in zip(ar, out.tokens)) / max(len(ar), len(out.tokens))
+                records.append(AnyOrderRecord(m, o, p, len(out.tokens), out.nfe, out.wall_s, out.model_s,
+                                              out.n_verify, out.n_accepted, serial, out.tokens == ar,
+                                              round(agree if n else 1.0, 4)))
     result = {"meta": {"model": str(path), "threads": torch.get_num_threads(), "n_prompts": len(prompts),
                        "width": args.width, "max_new_tokens": args.max_new_tokens, "torch": torch.__version__,
                        "python": platform.python_version(), "command": " ".join(sys.argv),
                        "elapsed_s": time.perf_counter() - start, "serial_checked": args.serial}}
-    result["summary"] = summarize(records, len(prompts), args)
+    result["summary"] = summary_rows(records, len(prompts), args)
     result["records"] = [asdict(r) for r in records]
     return result
 
 
-def summarize(records: list[Record], n_prompts: int, args) -> list[dict]:
+def summary_rows(records: list[AnyOrderRecord], n_prompts: int, args) -> list[dict]:
+    """One row per method: totals, rates, agreement shares, and the paired ratios to Linear-SS under the same
+    order (LTR for ar and native)."""
     counts = bootstrap_counts(n_prompts, args.resamples, args.seed)
     rows = []
-    for m, o in methods(args.width):
+    for m, o in ANY_ORDER_METHODS:
         group = [r for r in records if (r.method, r.order) == (m, o)]
         tok, wall, nfe = sum(r.tokens for r in group), sum(r.wall_s for r in group), sum(r.nfe for r in group)
         verify = sum(r.n_verify for r in group)
@@ -115,30 +122,11 @@ def summarize(records: list[Record], n_prompts: int, args) -> list[dict]:
                "same_as_serial": sum(serial) / len(serial) if serial else None,
                "same_as_ar": sum(r.same_as_ar for r in group) / len(group),
                "ar_token_agreement": sum(r.ar_token_agreement for r in group) / len(group)}
-        base = [r for r in records if (r.method, r.order) == ("linear", o or "ltr")]
+        linear = [r for r in records if (r.method, r.order) == ("linear", o or "ltr")]
         if (m, o) != ("linear", o or "ltr"):
-            row["vs_linear"] = paired(per_prompt(group, n_prompts), per_prompt(base, n_prompts), counts)
+            row["vs_linear"] = paired(per_prompt(group, n_prompts), per_prompt(linear, n_prompts), counts)
         rows.append(row)
     return rows
-
-
-def markdown(result: dict) -> str:
-    meta = result["meta"]
-    lines = [f"Any-order schedules, W={meta['width']}, {meta['n_prompts']} HumanEval prompts, "
-             f"{meta['max_new_tokens']} new tokens, greedy, {meta['threads']} thread(s); "
-             "ratios: paired bootstrap 95% CI against Linear-SS under the same order (LTR for ar / native).", "",
-             "| method | order | tokens/NFE | tok/s | ms/NFE | non-model % | accepted/verify | = serial ref "
-             "| = AR greedy | AR token agreement | throughput / linear | tokens/NFE / linear |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in result["summary"]:
-        vs = r.get("vs_linear")
-        ci = (lambda k: f"{vs[k]['point']:.3f} [{vs[k]['lo']:.3f}, {vs[k]['hi']:.3f}]") if vs else (lambda k: "1")
-        acc = "" if r["accepted_per_verify"] is None else f"{r['accepted_per_verify']:.2f}"
-        ser = "" if r["same_as_serial"] is None else f"{r['same_as_serial']:.2f}"
-        lines.append(f"| {r['method']} | {r['order'] or ''} | {r['tokens_per_nfe']:.3f} | {r['throughput']:.1f} | "
-                     f"{r['ms_per_nfe']:.2f} | {100 * r['nonmodel_frac']:.1f} | {acc} | {ser} | {r['same_as_ar']:.2f} | "
-                     f"{r['ar_token_agreement']:.3f} | {ci('throughput_ratio')} | {ci('tokens_per_nfe_ratio')} |")
-    return "\n".join(lines) + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,31 +134,24 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 2)[2])
-    p.add_argument("--out", type=Path, required=True, help="output directory (bench.json, bench.md)")
-    p.add_argument("--model", default=None, help="any-order model directory (default: the shipped one)")
-    p.add_argument("--quick", action="store_true", help=f"{QUICK['limit']} prompts, {QUICK['max_new_tokens']} tokens")
-    p.add_argument("--limit", type=int, default=None, help=f"first N HumanEval prompts (default {FULL['limit']})")
-    p.add_argument("--max-new-tokens", type=int, default=None, help=f"default {FULL['max_new_tokens']}")
+    add_shared_args(p, FULL, QUICK, outputs="bench.json, bench.md",
+                    model="any-order model directory (default: the shipped one)")
     p.add_argument("--width", type=int, default=8, help="active window W (default 8)")
     p.add_argument("--no-serial", dest="serial", action="store_false",
                    help="skip the serial-reference replay (it costs one full forward per token)")
-    p.add_argument("--resamples", type=int, default=20000, help="bootstrap resamples (default 20000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    preset = QUICK if args.quick else FULL
-    args.limit = args.limit or preset["limit"]
-    args.max_new_tokens = args.max_new_tokens or preset["max_new_tokens"]
+    apply_preset(args, FULL, QUICK)
     if args.limit < 1 or args.max_new_tokens < 1 or not 1 <= args.width <= 64:
         raise SystemExit("--limit and --max-new-tokens must be >= 1 and --width in [1, 64]")
     result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = markdown(result)
+    md = any_order_markdown(result)
     (args.out / "bench.md").write_text(md)
     print(md)
     return 0

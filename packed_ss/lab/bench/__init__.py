@@ -1,0 +1,8 @@
+"""Benchmarks of the decoders on HumanEval prompts.
+
+    python -m packed_ss bench --out DIR [options]             # the schedules (schedules.py)
+    python -m packed_ss bench-any-order --out DIR [options]   # the any-order schedules (any_order.py)
+
+latency.py (per-call latency fit), methods.py (our schedules and the transformers peers, timed), stats.py
+(paired bootstrap), options.py (shared options and presets), report.py (bench.md tables and plots).
+"""

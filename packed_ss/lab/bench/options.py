@@ -1,0 +1,24 @@
+"""Command-line options both benchmarks share: output directory, model, the HumanEval prompt count and
+response length with their full and --quick presets, the bootstrap and the thread count."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_shared_args(p: argparse.ArgumentParser, full: dict, quick: dict, outputs: str, model: str) -> None:
+    p.add_argument("--out", type=Path, required=True, help=f"output directory ({outputs})")
+    p.add_argument("--model", default=None, help=model)
+    p.add_argument("--quick", action="store_true",
+                   help=f"about a minute: defaults become {quick} (explicit options still win)")
+    p.add_argument("--limit", type=int, default=None, help=f"first N HumanEval prompts (default {full['limit']})")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=f"default {full['max_new_tokens']}")
+    p.add_argument("--resamples", type=int, default=20000, help="bootstrap resamples (default 20000)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+
+
+def apply_preset(args, full: dict, quick: dict) -> None:
+    """Options left unset take the --quick preset's value, or the full run's."""
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)

@@ -1,0 +1,155 @@
+"""The benchmarks' reports: markdown tables of the schedule and any-order results, and the schedule
+benchmark's latency and ratio plots (bench.json is the result dictionary itself)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...schedules import SCHEDULES
+
+
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (the `bench` extra)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(method: str, width: int | None, vs: int) -> str:
+    return f"{method} W={width}" if width is not None else f"{method} (vs W={vs})"
+
+
+def _width(row: dict) -> str:
+    return str(row["width"]) if row["width"] is not None else f"(vs {row['vs_width']})"
+
+
+def _ci(c: dict, fmt: str) -> str:
+    return f"{c['point']:{fmt}} [{c['lo']:{fmt}}, {c['hi']:{fmt}}]"
+
+
+def schedules_markdown(result: dict) -> str:
+    """bench.md of the schedule benchmark: latency fit, per-temperature comparison and cost-model tables."""
+    meta, lat = result["meta"], result["latency"]
+    out = [f"Model `{meta['model']}` ({meta['dtype']}, {meta['device']}, {meta['threads']} thread(s)); "
+           f"{meta['n_prompts']} HumanEval prompts, {meta['max_new_tokens']} new tokens, "
+           f"{meta['samples']} response(s) per prompt at T > 0; load average {meta['loadavg_start']:.2f} at the "
+           f"start, {meta['loadavg_end']:.2f} at the end; {meta['elapsed_s']:.0f} s.", ""]
+    out += [f"Per-call latency at {lat['cache_len']} cached tokens (cache capacity {lat['capacity']}): "
+            f"tau = {lat['tau_ms']:.3f} ms, delta = {lat['delta_ms']:.4f} ms/row, RMS residual "
+            f"{lat['rms_residual_ms']:.3f} ms (max {100 * lat['max_rel_residual']:.1f}% of a point).", "",
+            "| call | rows | median ms | fit ms |", "|---|---:|---:|---:|"]
+    out += [f"| {p['kind']} | {p['rows']} | {p['median_ms']:.3f} | {p['fit_ms']:.3f} |" for p in lat["points"]]
+    for t in meta["temperatures"]:
+        out += ["", f"### Temperature {t:g}", "",
+                "| method | W | tokens | NFE | wall s | tok/s | tok/NFE | ms/NFE | non-model % | acc/verify "
+                "| tput ratio vs linear [95% CI] | wall diff ms/resp [95% CI] | tok/NFE ratio | time/NFE ratio |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
+        for row in result["summary"]:
+            if row["temperature"] != t:
+                continue
+            vs = row.get("vs_linear")
+            cmp = ("| baseline | | | |" if vs is None else
+                   f"| {_ci(vs['throughput_ratio'], '.3f')} | "
+                   f"{_ci({k: 1e3 * v for k, v in vs['wall_diff_s'].items()}, '.1f')} | "
+                   f"{_ci(vs['tokens_per_nfe_ratio'], '.3f')} | {_ci(vs['time_per_nfe_ratio'], '.3f')} |")
+            out.append(f"| {row['method']} | {_width(row)} "
+                       f"| {row['tokens']} | {row['nfe']} | {row['wall_s']:.2f} | {row['throughput']:.1f} "
+                       f"| {row['tokens_per_nfe']:.2f} | {row['ms_per_nfe']:.2f} | {100 * row['nonmodel_frac']:.1f} "
+                       f"| {row['mean_accepted']:.2f} " + cmp)
+        out += ["", "Cost model, per decode iteration after the prefill. Predicted model time = calls x tau + rows "
+                "x delta; decode-rate ratios to Linear-SS (tokens/iter over time/iter) from the predicted model "
+                "time, the measured model time, and the measured model + non-model time:", "",
+                "| schedule | W | calls | rows | tokens/iter | pred model ms | model ms | non-model ms "
+                "| ratio: pred | ratio: model | ratio: model + non-model |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for c in result["cost_model"]:
+            if c["temperature"] == t:
+                r = c["ratio_vs_linear"]
+                out.append(f"| {c['method']} | {_width(c)} | {c['calls_per_iter']} | {c['rows_per_iter']} "
+                           f"| {c['tokens_per_iter']:.2f} | {c['pred_model_ms_per_iter']:.2f} "
+                           f"| {c['model_ms_per_iter']:.2f} | {c['nonmodel_ms_per_iter']:.2f} "
+                           f"| {r['pred']:.3f} | {r['model']:.3f} | {r['wall']:.3f} |")
+    same = [r for r in result["records"] if r["same_as_ar"] is not None]
+    if same:
+        out += ["", f"Greedy outputs equal to our `ar` output: {sum(r['same_as_ar'] for r in same)} of {len(same)}."]
+    return "\n".join(out) + "\n"
+
+
+def plot_latency(lat: dict, path: Path):
+    """Median latency per call layout (bars: IQR) against input rows, with the fitted line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for kind in dict.fromkeys(p["kind"] for p in lat["points"]):
+        pts = [p for p in lat["points"] if p["kind"] == kind]
+        ax.errorbar([p["rows"] for p in pts], [p["median_ms"] for p in pts], yerr=[p["iqr_ms"] / 2 for p in pts],
+                    fmt="o", label=kind, capsize=3)
+    n = np.linspace(0, max(p["rows"] for p in lat["points"]), 100)
+    ax.plot(n, lat["tau_ms"] + lat["delta_ms"] * n, "k--",
+            label=f"fit {lat['tau_ms']:.2f} ms + {lat['delta_ms']:.4f} ms x n")
+    ax.set_xlabel("input rows per call, n")
+    ax.set_ylabel("forward latency per call (ms, median, bars: IQR)")
+    ax.set_title(f"Model call latency at {lat['cache_len']} cached tokens (capacity {lat['capacity']})")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_ratios(result: dict, path: Path):
+    """Per temperature: each method's throughput, tokens/NFE and time/NFE ratios to Linear-SS, with CIs."""
+    plt = _pyplot()
+    temps = result["meta"]["temperatures"]
+    metrics = [("throughput_ratio", "throughput ratio\n(tokens/s over Linear-SS tokens/s)"),
+               ("tokens_per_nfe_ratio", "tokens/NFE ratio\n(over Linear-SS)"),
+               ("time_per_nfe_ratio", "decoder time/NFE ratio\n(s/NFE over Linear-SS s/NFE)")]
+    fig, axes = plt.subplots(len(temps), len(metrics), figsize=(5 * len(metrics), 3.6 * len(temps)), squeeze=False)
+    for i, t in enumerate(temps):
+        rows = [r for r in result["summary"] if r["temperature"] == t and r.get("vs_linear")]
+        labels = [_label(r["method"], r["width"], r["vs_width"]) for r in rows]
+        x = np.arange(len(rows))
+        for j, (key, ylabel) in enumerate(metrics):
+            ax = axes[i][j]
+            c = [r["vs_linear"][key] for r in rows]
+            colors = ["tab:blue" if r["method"] in SCHEDULES else "tab:gray" for r in rows]
+            ax.bar(x, [v["point"] - 1 for v in c], bottom=1, color=colors, alpha=0.6)
+            ax.errorbar(x, [v["point"] for v in c], yerr=[[v["point"] - v["lo"] for v in c],
+                                                          [v["hi"] - v["point"] for v in c]],
+                        fmt="none", ecolor="k", capsize=4)
+            ax.axhline(1, color="k", lw=0.8, ls="--")
+            ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
+            ax.set_ylabel(ylabel, fontsize=9)
+            ax.set_title(f"T = {t:g}: vs Linear-SS at the same W", fontsize=10)
+            ax.grid(axis="y", alpha=0.3)
+    meta = result["meta"]
+    fig.suptitle(f"{meta['n_prompts']} HumanEval prompts, {meta['max_new_tokens']} new tokens; blue: our schedules, "
+                 f"gray: transformers peers; bars: 95% paired bootstrap CI ({meta['resamples']} resamples)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def any_order_markdown(result: dict) -> str:
+    """bench.md of the any-order benchmark: one row per method."""
+    meta = result["meta"]
+    lines = [f"Any-order schedules, W={meta['width']}, {meta['n_prompts']} HumanEval prompts, "
+             f"{meta['max_new_tokens']} new tokens, greedy, {meta['threads']} thread(s); "
+             "ratios: paired bootstrap 95% CI against Linear-SS under the same order (LTR for ar / native).", "",
+             "| method | order | tokens/NFE | tok/s | ms/NFE | non-model % | accepted/verify | = serial ref "
+             "| = AR greedy | AR token agreement | throughput / linear | tokens/NFE / linear |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["summary"]:
+        vs = r.get("vs_linear")
+        ci = (lambda k: _ci(vs[k], ".3f")) if vs else (lambda k: "1")
+        acc = "" if r["accepted_per_verify"] is None else f"{r['accepted_per_verify']:.2f}"
+        ser = "" if r["same_as_serial"] is None else f"{r['same_as_serial']:.2f}"
+        lines.append(f"| {r['method']} | {r['order'] or ''} | {r['tokens_per_nfe']:.3f} | {r['throughput']:.1f} | "
+                     f"{r['ms_per_nfe']:.2f} | {100 * r['nonmodel_frac']:.1f} | {acc} | {ser} | {r['same_as_ar']:.2f} | "
+                     f"{r['ar_token_agreement']:.3f} | {ci('throughput_ratio')} | {ci('tokens_per_nfe_ratio')} |")
+    return "\n".join(lines) + "\n"
+
+

@@ -1,0 +1,45 @@
+"""The optimisation loop both trainers run: per step the trainer's loss, a gradient step with clipping and
+the scheduled learning rate, and a progress bar with the recent losses."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..progress import progress
+from .optim import lr_mult
+
+# () -> (loss to minimise, its named terms, extra fields for the progress bar)
+StepLoss = Callable[[], tuple[torch.Tensor, dict[str, torch.Tensor], dict]]
+
+
+def fit(model, optimizers, args, step_loss: StepLoss) -> list[dict[str, float]]:
+    """Run --steps steps; `step_loss()` draws the next batch and returns (loss to minimise, its named terms,
+    extra fields for the progress bar). Gradients are clipped to --grad-clip and every base lr is scaled by
+    `lr_mult`. Returns the terms of every step, as floats."""
+    model.train()
+    history = []
+    with progress(args.steps, "training", interval=args.log_every_s, unit="step") as bar:
+        for step in range(args.steps):
+            loss, terms, shown = step_loss()
+            for opt, _ in optimizers:
+                opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            mult = lr_mult(step, args)
+            for opt, base_lrs in optimizers:
+                for group, lr in zip(opt.param_groups, base_lrs):
+                    group["lr"] = lr * mult
+                opt.step()
+            history.append({name: value.item() for name, value in terms.items()})
+            recent = history[-20:]
+            means = {name: f"{sum(h[name] for h in recent) / len(recent):.3f}" for name in terms}
+            bar.set_postfix({**means, **shown, "lr": f"x{mult:.3f}", "gn": f"{float(grad_norm):.2f}"}, refresh=False)
+            bar.update()
+    return history
+
+
+def mean_last(history: list[dict[str, float]], name: str, k: int = 50) -> float:
+    """The mean of a loss term over the last k steps (fewer if the run was shorter), rounded to 4 places."""
+    recent = history[-k:]
+    return round(sum(h[name] for h in recent) / len(recent), 4)

@@ -18,8 +18,9 @@ from tiny_models import checkpoint
 
 PROMPTS = [[5, 17, 33, 2, 8], [60, 3]]
 GREEDY, SAMPLED = SamplingParams(), SamplingParams(temperature=1.0, top_k=20)
-CASES = [(s, o, GREEDY) for s in ("packed", "linear", "quadratic") for o in ("ltr", "confidence")] + [
-    ("native", "ltr", GREEDY), ("ar", "ltr", GREEDY), ("packed", "ltr", SAMPLED), ("linear", "ltr", SAMPLED)]
+CASES = [(s, o, GREEDY, "aot_eager") for s in ("packed", "linear", "quadratic") for o in ("ltr", "confidence")] + [
+    ("native", "ltr", GREEDY, "aot_eager"), ("ar", "ltr", GREEDY, "aot_eager"), ("packed", "ltr", SAMPLED, "aot_eager"),
+    ("linear", "ltr", SAMPLED, "aot_eager"), ("packed", "confidence", GREEDY, "inductor")]
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +41,13 @@ def _decode(runtime, program, prompt, stops):
     return out.tokens, out.nfe, out.n_verify, out.n_accepted, out.iterations
 
 
-@pytest.mark.parametrize("schedule,order,params", CASES,
-                         ids=[f"{s}-{o}-{'greedy' if p.greedy else 'sampled'}" for s, o, p in CASES])
-def test_compiled_steps_equal_eager(model, schedule, order, params):
+@pytest.mark.parametrize("schedule,order,params,backend", CASES,
+                         ids=[f"{s}-{o}-{'greedy' if p.greedy else 'sampled'}-{b}" for s, o, p, b in CASES])
+def test_compiled_steps_equal_eager(model, schedule, order, params, backend):
     """Runtime modes "eager" and "compile" (each step: input, model call, update) give the same run."""
     program = SCHEDULES[schedule](model, 3, params, order)
     eager = Runtime(model, packed_attention_ref)
-    compiled = Runtime(model, packed_attention_ref, "compile", "aot_eager")
+    compiled = Runtime(model, packed_attention_ref, "compile", backend)
     for prompt in PROMPTS[:1]:   # each new shape (cache, stop table) compiles again
         free = _decode(eager, program, prompt, [])[0]
         for stops in ([], [tuple(free[5:7]), (free[9],)]):

@@ -76,23 +76,27 @@ def commit(st: AnyOrderState, active, positions, tokens, keep, n_cached) -> None
 def apply_stops(st: AnyOrderState, active) -> None:
     """E <- end of the earliest fully accepted stop sequence; drop the pairs after E (lines 11-12).
 
-    Cache rows after the first dropped pair saw it: they leave the cache and wait, in the same order, as
-    pending rows, which keeps the cache equal to the ordered context P_t. Then `n_out` and `done`."""
-    n, (n_stop, length) = st.out.shape[0], st.stops.shape
-    pos = torch.arange(n, device=st.out.device)
-    at = pos[:, None] - (length - 1) + torch.arange(length, device=pos.device)         # [n, Ls]
-    tokens = st.out[at.clamp(min=0)]
-    match = (st.stops[None] == -1) | ((tokens[:, None, :] == st.stops[None]) & (at[:, None, :] >= 0))
-    end = torch.minimum(st.end, torch.where(match.all(-1).any(-1), pos, n).amin())
+    Every accepted position lies in the window of W from the leftmost unresolved one, n_out, which never
+    decreases; a sequence completed in this iteration ends at one of those W positions (earlier ones set E
+    when they were completed), so only they are checked, and n_out only moves within them. Cache rows after
+    the first dropped pair saw it: they leave the cache and wait, in the same order, as pending rows, which
+    keeps the cache equal to the ordered context P_t. Then `n_out` and `done`."""
+    n, (n_stop, length), width = st.out.shape[0], st.stops.shape, st.rank_pos.shape[0]
+    ends = st.n_out + torch.arange(width, device=st.out.device)
+    at = ends[:, None] - (length - 1) + torch.arange(length, device=ends.device)      # [W, Ls]
+    tokens = torch.where((at >= 0) & (at < n), gather(st.out, at), -1)
+    match = (st.stops[None] == -1) | (tokens[:, None, :] == st.stops[None])          # [W, S, Ls]
+    end = torch.minimum(st.end, torch.where(match.all(-1).any(-1), ends, n).amin())
+    pos = torch.arange(n, device=ends.device)
     listed = pos < st.n_acc
     dropped = listed & (st.acc_pos > end)
     first = torch.where(dropped.any(), dropped.long().argmax(), st.n_acc)
     kept = listed & ~dropped
-    st.assign(active, end=end, out=torch.where(pos > end, -1, st.out),
-              acc_pos=st.acc_pos[torch.sort((~kept).long(), stable=True).indices],
+    nth_kept = torch.searchsorted(kept.long().cumsum(0), pos + 1)   # the index of the k-th kept pair
+    st.assign(active, end=end, out=torch.where(pos > end, -1, st.out), acc_pos=gather(st.acc_pos, nth_kept),
               n_acc=kept.sum(), n_cached=torch.minimum(st.n_cached, first))
-    resolved = (st.out >= 0) & (pos <= st.end)
-    n_out = resolved.long().cumprod(0).sum()
+    resolved = (gather(st.out, ends) >= 0) & (ends <= st.end) & (ends < n)
+    n_out = st.n_out + resolved.long().cumprod(0).sum()
     st.assign(active, n_out=n_out, done=n_out > st.end)
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from packed_ss.attention import packed_attention_ref
-from packed_ss.schedules.base import layout
+from packed_ss.decode.schedules.base import layout
+from packed_ss.model.attention import packed_attention_ref
 
 L2_BYTES = 64 << 20
 

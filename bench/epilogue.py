@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import torch
 
 import packed_ss
-from packed_ss.epilogue import native_available, native_unavailable_reason
+from packed_ss.decode.epilogue import native_available, native_unavailable_reason
 from packed_ss.model import KVCache
 
 SCHEDULES = ("ar", "linear", "quadratic", "packed")
@@ -43,7 +43,8 @@ class StandInModel:
         gen = torch.Generator().manual_seed(seed)
         base = torch.randn(vocab, generator=gen) * 4
         self.logits = (base + noise * torch.randn(rows, vocab, generator=gen)).to(device)
-        self.cfg = SimpleNamespace(vocab_size=vocab, mask_token_id=vocab - 1, eos_token_ids=(), max_seq_len=1 << 22)
+        self.cfg = SimpleNamespace(vocab_size=vocab, mask_token_id=vocab - 1, eos_token_ids=(), max_seq_len=1 << 22,
+                                   any_order=False)
         self.device, self.dtype = torch.device(device), torch.float32
 
     def new_cache(self, capacity: int) -> KVCache:

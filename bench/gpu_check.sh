@@ -39,7 +39,7 @@ if ! $PY -m pip install -v --no-deps --no-build-isolation --no-index "$REPO" >>"
   export PYTHONPATH=/tmp/pss
 fi
 $PY -c "import packed_ss.kernels.attention as m; print('packed_ss.kernels from', m.__file__)" 2>&1 | tee -a "$OUT/env.txt"
-$PY -c "from packed_ss.epilogue import main; main([])" 2>&1 | tee -a "$OUT/env.txt"
+$PY -c "from packed_ss.decode.epilogue import main; main([])" 2>&1 | tee -a "$OUT/env.txt"
 
 # Tests run from /tmp so that the repo's own packed_ss/ (which has no kernels/) cannot shadow the install;
 # pytest-xdist (on the image) spreads the Triton compiles over the CPUs.

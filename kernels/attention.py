@@ -1,4 +1,4 @@
-"""Fused packed attention over the KV cache (Triton); same contract as `packed_ss.attention.packed_attention_ref`.
+"""Fused packed attention over the KV cache (Triton); same contract as `packed_ss.model.attention.packed_attention_ref`.
 
 One kernel does the whole call, anchor commit included. Each program owns a tile of BLOCK_M query
 vectors of one KV head: the H/Hkv query heads that share a KV head are flattened into the tile's rows
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention import Layout
+from ..model.attention import Layout
 
 _LOG2E = 1.4426950408889634
 

@@ -6,16 +6,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from pathlib import Path
-
-from .any_order import ANY_ORDER_SCHEDULES, ORDERS
+from .decode.any_order import ANY_ORDER_SCHEDULES, ORDERS
+from .decode.schedules import SCHEDULES
 from .engine import MAX_WIDTH, Engine
-from .loading import default_model_path, load_model
-from .schedules import SCHEDULES
-from .tokenizer import load_tokenizer
+from .model.loading import default_model_path, load_model
+from .model.tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}

@@ -9,13 +9,13 @@ from typing import Iterator
 
 import torch
 
-from .any_order import ANY_ORDER_SCHEDULES, ORDERS, AnyOrderDecoder
-from .attention import attention_backend
-from .epilogue import EPILOGUES, make_epilogue, native_unavailable_reason
-from .model import DualModeModel
+from .decode.any_order import ANY_ORDER_SCHEDULES, ORDERS, AnyOrderDecoder
+from .decode.epilogue import EPILOGUES, make_epilogue, native_unavailable_reason
+from .decode.sampling import SamplingParams
+from .decode.schedules import SCHEDULES
+from .model.attention import attention_backend
+from .model.dual_mode import DualModeModel
 from .runtime import GenerateResult, Request, Runtime
-from .sampling import SamplingParams
-from .schedules import SCHEDULES
 
 MAX_WIDTH = 64
 

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import torch
 from scipy.stats import chi2
 
-from packed_ss.epilogue import NativeEpilogue, make_epilogue
-from packed_ss.sampling import SamplingParams, densify, sample_sparse, truncated_probs
-from packed_ss.schedules import SCHEDULES
-from packed_ss.state import DecodeState
+from packed_ss.decode.epilogue import NativeEpilogue, make_epilogue
+from packed_ss.decode.sampling import SamplingParams, densify, sample_sparse, truncated_probs
+from packed_ss.decode.schedules import SCHEDULES
+from packed_ss.decode.state import DecodeState
 
 PARAMS = [SamplingParams(), SamplingParams(1.0), SamplingParams(0.7, top_k=3), SamplingParams(1.3, top_p=0.8),
           SamplingParams(0.9, top_k=5, top_p=0.9)]

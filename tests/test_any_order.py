@@ -6,13 +6,12 @@ import shutil
 
 import pytest
 import torch
+from tiny_models import checkpoint, hf_model
 
 from packed_ss import Engine, default_model_path, load_model
-from packed_ss.any_order import AnyOrderState, serial_reference
-from packed_ss.any_order.rules import apply_stops
-from packed_ss.any_order.schedules.native import Native
-from packed_ss.attention import packed_attention_ref
-from tiny_models import checkpoint, hf_model
+from packed_ss.decode.any_order import AnyOrderState, serial_reference
+from packed_ss.decode.any_order.rules import apply_stops
+from packed_ss.decode.any_order.schedules.native import Native
 
 SPECULATIVE = ("packed", "linear", "quadratic")
 PROMPTS = [[5, 17, 33, 2, 8], [60, 3], [11, 11, 40, 7, 7, 90, 1, 4]]

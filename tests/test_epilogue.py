@@ -17,17 +17,17 @@ import math
 
 import pytest
 import torch
+from epilogue_cases import differences, first_token_counts, g_test, make_case
+from tiny_models import checkpoint
 
 import packed_ss
-import packed_ss.epilogue as epilogue_mod
-import packed_ss.epilogue.native as native_mod
+import packed_ss.decode.epilogue as epilogue_mod
+import packed_ss.decode.epilogue.native as native_mod
 import packed_ss.runtime.graphs as graphs_mod
 import packed_ss.runtime.poll as poll_mod
-from epilogue_cases import differences, first_token_counts, g_test, make_case
-from packed_ss.acceptance import verify_greedy, verify_sampled
-from packed_ss.epilogue import NativeEpilogue, native_available, native_module
-from packed_ss.sampling import SamplingParams, densify, philox_uniform, truncated_probs
-from tiny_models import checkpoint
+from packed_ss.decode.acceptance import verify_greedy, verify_sampled
+from packed_ss.decode.epilogue import NativeEpilogue, native_available, native_module
+from packed_ss.decode.sampling import SamplingParams, densify, philox_uniform, truncated_probs
 
 needs_native = pytest.mark.skipif(not native_available("cpu"),
                                    reason=epilogue_mod.native_unavailable_reason("cpu") or "")

@@ -1,9 +1,9 @@
 """Greedy exactness: every schedule at every width reproduces transformers' own greedy generate."""
 import pytest
 import torch
+from tiny_models import CONFIGS, checkpoint, hf_greedy
 
 import packed_ss
-from tiny_models import CONFIGS, checkpoint, hf_greedy
 
 SCHEDULES = ["ar", "linear", "quadratic", "packed"]
 WIDTHS = [1, 2, 4, 8, 16]

@@ -3,7 +3,6 @@ tokens, NFE, verification calls and accepted drafts, for every case of tests/gol
 import json
 
 import pytest
-
 from golden.cases import OUTPUTS, case_id, run
 
 RECORDED = json.loads(OUTPUTS.read_text())

@@ -16,13 +16,13 @@ import contextlib
 
 import pytest
 import torch
+from epilogue_cases import differences, first_token_counts, g_test, make_case
+from tiny_models import checkpoint
 
 import packed_ss
-import packed_ss.epilogue as epilogue_mod
-from epilogue_cases import differences, first_token_counts, g_test, make_case
-from packed_ss.epilogue import NativeEpilogue, native_available
-from packed_ss.sampling import SamplingParams
-from tiny_models import checkpoint
+import packed_ss.decode.epilogue as epilogue_mod
+from packed_ss.decode.epilogue import NativeEpilogue, native_available
+from packed_ss.decode.sampling import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 needs_cuda_native = pytest.mark.skipif(not torch.cuda.is_available() or not native_available("cuda"),
@@ -117,7 +117,7 @@ def test_native_matches_torch_on_gpu_greedy(model, schedule):
 @pytest.mark.parametrize("order", ["ltr", "confidence"])
 def test_any_order_on_gpu_matches_serial_reference(schedule, order):
     """Any-order decoding with the fused kernel on the GPU (float32) equals the serial reference."""
-    from packed_ss.any_order import serial_reference
+    from packed_ss.decode.any_order import serial_reference
     if schedule == "native" and order == "confidence":
         pytest.skip("the native decoder has no verification order")
     model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), device="cuda")

@@ -15,10 +15,10 @@ import threading
 
 import pytest
 import torch
+from host_reads import METHODS, count_host_reads, paused
 
 import packed_ss
-from host_reads import METHODS, count_host_reads, paused
-from packed_ss.epilogue import native_available
+from packed_ss.decode.epilogue import native_available
 
 # ---------------------------------------------------------------------------------------------------
 # The counter itself

@@ -12,14 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from packed_ss.kernels.attention import packed_attention
 
 from packed_ss import Engine, load_model
-from packed_ss.attention import packed_attention_ref, write_anchors
-from packed_ss.kernels.attention import packed_attention
-from packed_ss.sampling import SamplingParams
-from packed_ss.epilogue import TorchEpilogue
-from packed_ss.schedules import SCHEDULES
-from packed_ss.state import DecodeState
+from packed_ss.decode.epilogue import TorchEpilogue
+from packed_ss.decode.sampling import SamplingParams
+from packed_ss.decode.schedules import SCHEDULES
+from packed_ss.decode.state import DecodeState
+from packed_ss.model.attention import packed_attention_ref, write_anchors
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")

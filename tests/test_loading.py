@@ -5,10 +5,10 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import checkpoint
 
 import packed_ss
-from packed_ss.schedules.base import layout
-from tiny_models import checkpoint
+from packed_ss.decode.schedules.base import layout
 
 # YaRN with a small original context and the Llama-4 query scale, so that positions 0..39 cross
 # several floor(pos / original_max) steps and every rope feature is exercised.

@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-from packed_ss.acceptance import verify_greedy
-from packed_ss.sampling import (SamplingParams, densify, inverse_cdf, philox4x32, philox_uniform,
-                                truncated_probs)
+from packed_ss.decode.acceptance import verify_greedy
+from packed_ss.decode.sampling import SamplingParams, densify, inverse_cdf, philox4x32, philox_uniform, truncated_probs
 
 
 def words(*values):

@@ -18,12 +18,12 @@ import math
 import pytest
 import torch
 from scipy.stats import chi2
+from tiny_models import checkpoint, hf_model
 
 import packed_ss
-import packed_ss.epilogue.reference as torch_epilogue
-from packed_ss.acceptance import verify_sampled
-from packed_ss.sampling import SamplingParams, densify, inverse_cdf, truncated_probs
-from tiny_models import checkpoint, hf_model
+import packed_ss.decode.epilogue.reference as torch_epilogue
+from packed_ss.decode.acceptance import verify_sampled
+from packed_ss.decode.sampling import SamplingParams, densify, inverse_cdf, truncated_probs
 
 VOCAB, LENGTH, N = 4, 3, 1500
 PROMPT = [1, 0, 2]

@@ -2,10 +2,10 @@
 output at the earliest whole marker, matched on the device (eager, compiled and with either epilogue)."""
 import pytest
 import torch
+from tiny_models import checkpoint
 
 import packed_ss
-from packed_ss.epilogue import native_available
-from tiny_models import checkpoint
+from packed_ss.decode.epilogue import native_available
 
 PROMPT = [3, 17, 42, 8, 9]
 SCHEDULES = ["ar", "linear", "quadratic", "packed"]

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..model import DualModeModel, KVCache
+from ..model.dual_mode import DualModeModel, KVCache
 from .graphs import CapturedIteration
 from .poll import Poll
 from .program import ModelInput, Step

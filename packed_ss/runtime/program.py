@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from ..attention import Layout
+from ..model.attention import Layout
 
 
 class ModelInput(NamedTuple):

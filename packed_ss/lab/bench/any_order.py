@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from ...any_order import serial_reference
+from ...decode.any_order import serial_reference
 from ...engine import Engine
-from ...loading import default_model_path, load_model
-from ...tokenizer import load_tokenizer
+from ...model.loading import default_model_path, load_model
+from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
 from .options import add_shared_args, apply_preset

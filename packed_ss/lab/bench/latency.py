@@ -8,11 +8,11 @@ import time
 import numpy as np
 import torch
 
-from ...attention import Layout, attention_backend
+from ...decode.sampling import SamplingParams
+from ...decode.schedules.base import layout
 from ...engine import Engine
+from ...model.attention import Layout, attention_backend
 from ...runtime import Request
-from ...sampling import SamplingParams
-from ...schedules.base import layout
 
 
 def engine_capacity(prompt_len: int, max_new_tokens: int, width: int) -> int:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from ...decode.sampling import SamplingParams
 from ...engine import Engine
-from ...sampling import SamplingParams
 from .latency import call_layouts
 
 

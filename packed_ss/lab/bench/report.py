@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...schedules import SCHEDULES
+from ...decode.schedules import SCHEDULES
 
 
 def _pyplot():

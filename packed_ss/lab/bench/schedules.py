@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...loading import default_model_path, load_model
-from ...schedules import SCHEDULES
-from ...tokenizer import load_tokenizer
+from ...decode.schedules import SCHEDULES
+from ...model.loading import default_model_path, load_model
+from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
 from .latency import engine_capacity, measure_latency

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ...loading import default_model_path
+from ...model.loading import default_model_path
 from .data import add_corpus_args, cyclic_batches, encode_stream, heldout_sample, load_corpus
 from .evaluate import evaluate_any_order
 from .loop import fit, mean_last

@@ -18,8 +18,16 @@ from pathlib import Path
 
 import torch
 
-from .data import (EOS_ID, add_corpus_args, encode_stream, epoch_batches, heldout_sample, load_corpus,
-                   train_tokenizer, wrap_tokenizer)
+from .data import (
+    EOS_ID,
+    add_corpus_args,
+    encode_stream,
+    epoch_batches,
+    heldout_sample,
+    load_corpus,
+    train_tokenizer,
+    wrap_tokenizer,
+)
 from .evaluate import check_roundtrip, draft_check, evaluate_heldout, greedy_sample, humaneval_texts
 from .loop import fit, mean_last
 from .model import new_dual_mode_model

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import Layout
+from ...model.attention import Layout
+from ...runtime import ModelInput, Request, Step
 from ..epilogue import Epilogue
-from ..runtime import ModelInput, Request, Step
 from ..sampling import SamplingParams
 from ..state import DecodeState
 

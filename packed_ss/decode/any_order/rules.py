@@ -81,7 +81,7 @@ def apply_stops(st: AnyOrderState, active) -> None:
     when they were completed), so only they are checked, and n_out only moves within them. Cache rows after
     the first dropped pair saw it: they leave the cache and wait, in the same order, as pending rows, which
     keeps the cache equal to the ordered context P_t. Then `n_out` and `done`."""
-    n, (n_stop, length), width = st.out.shape[0], st.stops.shape, st.rank_pos.shape[0]
+    n, length, width = st.out.shape[0], st.stops.shape[1], st.rank_pos.shape[0]
     ends = st.n_out + torch.arange(width, device=st.out.device)
     at = ends[:, None] - (length - 1) + torch.arange(length, device=ends.device)      # [W, Ls]
     tokens = torch.where((at >= 0) & (at < n), gather(st.out, at), -1)
@@ -105,7 +105,7 @@ def set_draft(st: AnyOrderState, active, tokens, scores, q_idx=None, q_prob=None
     scores and, when sampled, their Q. Tokens -1: scores alone (Linear-SS orders by its verifier, E.6)."""
     pos = st.rank_pos
     open_ = (pos >= 0) & (pos <= st.end) & (gather(st.out, pos) < 0)
-    values = dict(draft_pos=torch.where(open_, pos, -1), draft_tok=tokens, draft_score=scores)
+    values = {"draft_pos": torch.where(open_, pos, -1), "draft_tok": tokens, "draft_score": scores}
     if q_idx is not None:
         values.update(q_idx=q_idx, q_prob=q_prob)
     st.assign(active, **values)

@@ -1,4 +1,4 @@
-"""The native build check: `python -m packed_ss.epilogue [--strict]` (CI runs it with --strict)."""
+"""The native build check: `python -m packed_ss.decode.epilogue [--strict]` (CI runs it with --strict)."""
 from __future__ import annotations
 
 import torch
@@ -38,7 +38,7 @@ def check_build(strict: bool = False) -> list[str]:
         return [f"the native epilogue is not built: {native._error}"] if strict else []
     want = philox_uniform(torch.tensor(7), torch.tensor(2**33 + 5), 9).tolist()
     if [mod.philox_uniform(7, 2**33 + 5, i) for i in range(9)] != want:
-        problems.append("the native Philox disagrees with packed_ss.sampling.philox_uniform")
+        problems.append("the native Philox disagrees with packed_ss.decode.sampling.philox_uniform")
     nvcc = next((c for c in (os.environ.get("CUDACXX"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc")
                  if c and os.path.isfile(c)), None)
     if nvcc and os.environ.get("PACKED_SS_CUDA", "1").strip().lower() not in ("0", "false", "no"):
@@ -61,7 +61,7 @@ def check_build(strict: bool = False) -> list[str]:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m packed_ss.epilogue",
+    parser = argparse.ArgumentParser(prog="python -m packed_ss.decode.epilogue",
                                      description="Report (and with --strict, require) the native epilogue build.")
     parser.add_argument("--strict", action="store_true", help="fail if the module or its CUDA part is missing")
     args = parser.parse_args(argv)

@@ -7,8 +7,8 @@ After accepting A_t tokens (cut to a by stop rules), the next draft is z^(a+1..W
 """
 import torch
 
+from ...runtime import ModelInput
 from .base import Schedule, Step, layout
-from ..runtime import ModelInput
 
 
 class Packed(Schedule):

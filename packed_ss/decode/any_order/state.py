@@ -69,7 +69,7 @@ class AnyOrderState:
     @classmethod
     def new(cls, width: int, support: int, prompt_len: int, max_new: int, seed: int,
             stops: list[tuple[int, ...]], device, out_len: int | None = None,
-            stop_shape: tuple[int, int] | None = None) -> "AnyOrderState":
+            stop_shape: tuple[int, int] | None = None) -> AnyOrderState:
         """A fresh state. `out_len` and `stop_shape` (rows, length) fix the buffer shapes so that states of
         different requests share them; the trace has one row per possible iteration (each resolves at least
         one position)."""
@@ -100,7 +100,7 @@ class AnyOrderState:
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def copy_(self, other: "AnyOrderState") -> "AnyOrderState":
+    def copy_(self, other: AnyOrderState) -> AnyOrderState:
         """Overwrite every field in place (same shapes): a persistent state keeps its addresses."""
         for name, value in other.tensors().items():
             getattr(self, name).copy_(value)

@@ -1,10 +1,10 @@
 """The Engine's any-order entry point until it hands any-order programs to its runtime itself: a schedule
-of packed_ss.any_order.schedules is a runtime program like any other, decoded by `Runtime.decode`."""
+of packed_ss.decode.any_order.schedules is a runtime program like any other, decoded by `Runtime.decode`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runtime import GenerateResult, Request, Runtime
+from ...runtime import GenerateResult, Request, Runtime
 from ..sampling import SamplingParams
 from .schedules import SCHEDULES, AnyOrderSchedule
 

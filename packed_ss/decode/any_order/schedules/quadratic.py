@@ -5,7 +5,7 @@ verification selects (k = A_t - 1) supplies the next draft. Live rows: p + 2u_t 
 """
 import torch
 
-from ...runtime import Step
+from ....runtime import Step
 from ..call import Rows
 from ..rules import pending, set_draft, window_size
 from .base import AnyOrderSchedule

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import Layout
-from ..runtime import ModelInput
+from ...model.attention import Layout
+from ...runtime import ModelInput
 from .rules import gather, pending
 from .state import AnyOrderState
 

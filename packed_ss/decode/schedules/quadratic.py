@@ -7,8 +7,8 @@ the correction's position and is dropped, the other W become the next draft.
 """
 import torch
 
+from ...runtime import ModelInput
 from .base import Schedule, Step, layout
-from ..runtime import ModelInput
 
 
 class Quadratic(Schedule):

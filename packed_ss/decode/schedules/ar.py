@@ -1,6 +1,6 @@
 """Plain autoregressive decoding: one row per call, the reference every other schedule must match."""
+from ...runtime import ModelInput
 from .base import Schedule, Step, layout
-from ..runtime import ModelInput
 
 
 class AR(Schedule):

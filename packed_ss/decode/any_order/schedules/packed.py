@@ -6,7 +6,7 @@ z^(pi_t(r)) | P_{t-1}. Live rows: p + 3u_t (Table 2); the rest is padding.
 """
 import torch
 
-from ...runtime import Step
+from ....runtime import Step
 from ..call import Rows
 from ..rules import pending, set_draft, window_size
 from .base import AnyOrderSchedule

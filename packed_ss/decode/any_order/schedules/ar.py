@@ -1,7 +1,7 @@
 """Left-to-right decoding: [N | a mask at the leftmost unresolved position] (2 rows), greedy or sampled.
 Live rows: p + 1."""
+from ....runtime import Step
 from ...sampling import sample_sparse, truncated_probs
-from ...runtime import Step
 from ..call import Rows
 from ..rules import commit, pending, window_size
 from .base import AnyOrderSchedule

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from .config import config_from_hf, config_from_nemotron
-from .model import DualModeModel
+from .dual_mode import DualModeModel
 
 NEMOTRON_PREFIX = "encoder."
 NEMOTRON_HEAD = "diffusion_head.weight"
@@ -16,7 +16,7 @@ NEMOTRON_HEAD = "diffusion_head.weight"
 
 def default_model_path(kind: str = "default") -> Path:
     """Directory of a model shipped inside the package (tokenizer included)."""
-    path = Path(__file__).parent / "assets" / kind
+    path = Path(__file__).parents[1] / "assets" / kind
     if not (path / "config.json").is_file():
         raise ValueError(f"kind: no shipped model named {kind!r} (looked in {path})")
     return path

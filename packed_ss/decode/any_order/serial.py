@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import Layout, packed_attention_ref
+from ...model.attention import Layout, packed_attention_ref
 from .state import Iteration
 
 

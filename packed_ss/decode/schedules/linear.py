@@ -6,8 +6,8 @@ The prefill drafts the first block, so a request's first iteration enters at the
 """
 import torch
 
+from ...runtime import ModelInput
 from .base import Schedule, Step, layout
-from ..runtime import ModelInput
 
 
 class Linear(Schedule):

@@ -7,7 +7,7 @@ p + u_t and 2u_t (Table 2).
 """
 import torch
 
-from ...runtime import Step
+from ....runtime import Step
 from ..call import Rows
 from ..rules import pending, set_draft, window_size
 from .base import AnyOrderSchedule, confidence

@@ -6,7 +6,7 @@ Live rows: p + u_t.
 """
 import torch
 
-from ...runtime import Step
+from ....runtime import Step
 from ..call import Rows
 from ..rules import commit, pending, window_size
 from .base import AnyOrderSchedule, confidence

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import torch
 
+from ....model.attention import Layout
+from ....runtime import ModelInput, Request, Step
 from ...acceptance import verify_sampled
-from ...attention import Layout
-from ...runtime import ModelInput, Request, Step
-from ...sampling import SamplingParams, densify, philox_uniform, sample_sparse, take, truncated_probs
+from ...sampling import (
+    SamplingParams,
+    densify,
+    philox_uniform,
+    sample_sparse,
+    take,
+    truncated_probs,
+)
 from ..rules import commit, drafts, hold_if_crowded, pending, plan, record, window_size
 from ..state import AnyOrderState
 

@@ -11,7 +11,6 @@ import torch
 from tiny_models import checkpoint
 
 from packed_ss import SamplingParams, load_model
-from packed_ss.decode.any_order.decoder import decode
 from packed_ss.decode.any_order.schedules import SCHEDULES
 from packed_ss.model.attention import packed_attention_ref
 from packed_ss.runtime import Request, Runtime
@@ -37,8 +36,13 @@ def fresh_dynamo():
 
 
 def _decode(runtime, program, prompt, stops):
-    out = decode(runtime, program, Request(prompt, 12, 1, [], stops))
-    return out.tokens, out.nfe, out.n_verify, out.n_accepted, out.iterations
+    decoding = runtime.decode(program, Request(prompt, 12, 1, [], stops))
+    while True:
+        try:
+            next(decoding)
+        except StopIteration as end:
+            out = end.value
+            return out.tokens, out.nfe, out.n_verify, out.n_accepted, out.iterations
 
 
 @pytest.mark.parametrize("schedule,order,params,backend", CASES,

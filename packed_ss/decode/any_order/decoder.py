@@ -1,5 +1,6 @@
-"""The Engine's any-order entry point until it hands any-order programs to its runtime itself: a schedule
-of packed_ss.decode.any_order.schedules is a runtime program like any other, decoded by `Runtime.decode`."""
+"""The Engine's any-order entry point until it hands any-order programs to its runtime itself (then this
+module goes): a schedule of packed_ss.decode.any_order.schedules is a runtime program like any other,
+decoded by `Runtime.decode`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,16 +8,6 @@ from dataclasses import dataclass
 from ...runtime import GenerateResult, Request, Runtime
 from ..sampling import SamplingParams
 from .schedules import SCHEDULES, AnyOrderSchedule
-
-
-def decode(runtime: Runtime, program: AnyOrderSchedule, request: Request) -> GenerateResult:
-    """Runtime.decode to the end (it is a generator of the tokens each iteration adds)."""
-    decoding = runtime.decode(program, request)
-    while True:
-        try:
-            next(decoding)
-        except StopIteration as end:
-            return end.value
 
 
 @dataclass
@@ -50,6 +41,12 @@ class AnyOrderDecoder:
                  stop_sequences: list[tuple[int, ...]]) -> Decoded:
         if params not in self.programs:
             self.programs[params] = SCHEDULES[self.schedule_name](self.model, self.width, params, self.order)
-        result = decode(self.runtime, self.programs[params], Request(prompt, max_new_tokens, seed, [], stop_sequences))
+        decoding = self.runtime.decode(self.programs[params], Request(prompt, max_new_tokens, seed, [], stop_sequences))
+        while True:
+            try:
+                next(decoding)
+            except StopIteration as end:
+                result = end.value
+                break
         self.model_s = result.model_s
         return Decoded(result)

@@ -90,3 +90,30 @@ def test_steps_read_nothing_and_freeze_after_done(model, monkeypatch, schedule, 
         for step in sched.steps:
             run(step)
         assert all(torch.equal(before[k].nan_to_num(), v.nan_to_num()) for k, v in st.tensors().items())
+
+
+@pytest.mark.parametrize("schedule", ["packed", "linear", "quadratic", "native"])
+def test_states_padded_to_the_graph_loops_shapes_decode_alike(model, schedule):
+    """The CUDA-graph loop keeps one persistent state per program, made with fixed shapes (output length,
+    stop table) and overwritten per request with copy_: requests of any prompt, length and stops get states
+    of those shapes, and a padded state decodes exactly as a fresh one."""
+    sched = SCHEDULES[schedule](model, 3, GREEDY, "confidence" if schedule != "native" else "ltr")
+    shape = {"out_len": 64, "stop_slots": 8, "sequence_slots": (4, 8)}
+    requests = [Request(PROMPTS[0], 12, 0, [9], [(7, 8)]), Request(PROMPTS[1], 20, 3, [], [(1, 2, 3), (4,)])]
+    persistent = sched.new_state(Request([], 64, 0, [], []), **shape)
+    for request in requests:
+        runs = []
+        for st in (sched.new_state(request), persistent.copy_(sched.new_state(request, **shape))):
+            cache = model.new_cache(128)
+
+            def call(inp, cache=cache):
+                return model(inp.tokens, inp.positions, inp.layout, cache, inp.cache_len, attend=packed_attention_ref)
+            with torch.inference_mode():
+                prefill = sched.prefill(torch.tensor(request.prompt))
+                prefill.update(st, call(prefill.inputs(st)))
+                while not bool(st.done):
+                    for step in sched.steps:
+                        step.update(st, call(step.inputs(st)))
+                    sched.resume(st, call)
+            runs.append((st.out[:int(st.n_out)].tolist(), int(st.nfe), st.iterations()))
+        assert runs[0] == runs[1]

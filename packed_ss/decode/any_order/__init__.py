@@ -1,4 +1,5 @@
-"""Any-order decoding for SetDLM-style models (paper appendix C): Alg. 3 and its baselines."""
+"""Any-order decoding for SetDLM-style models (paper appendix C): Alg. 3 and its baselines as fixed-shape,
+device-resident steps."""
 from .decoder import AnyOrderDecoder
 from .schedules import SCHEDULES as _SCHEDULES
 from .serial import serial_reference

@@ -128,6 +128,7 @@ struct Step {
   int64_t n_z;
   T* scratch;           // [vocab] workspace for the dense residual / bonus row (sampled kVerifyDraft)
   int64_t* res;         // [B + 2]: emitted tokens [0, B), A at [B], the retain shift at [B + 1] (-1: none)
+  const int64_t* residual_u;  // the correction / bonus draw's uniform index (any-order: u_t); null: W
 };
 
 // ---- the serial executor (CPU build) ----------------------------------------------------------------
@@ -258,7 +259,7 @@ PSS_HD void verify(const State& st, const Step<T>& s, X& x) {
   }
   // correction from max(p_h - Q_h, 0) after a rejection, bonus from p_h after full acceptance; p_h when the
   // residual has no mass (p == Q up to rounding)
-  const double u_c = philox_uniform(seed, offset, w);
+  const double u_c = philox_uniform(seed, offset, s.residual_u ? *s.residual_u : w);
   x.densify(s.scratch, s.vocab, row_of(v_idx, h, s.v_k), s.v_prob + h * s.v_k, s.v_k);
   bool positive = true;
   int64_t c = 0;

@@ -49,7 +49,7 @@ struct Args {  // one call's arguments, as Python passes them
   int64_t v_k;
   uintptr_t z_arg, z_idx, z_prob;
   int64_t z_k, n_z;
-  uintptr_t scratch, res;
+  uintptr_t scratch, res, residual_u;
 };
 
 template <typename T>
@@ -89,11 +89,13 @@ Step<T> make_step(const State& st, const Args& a) {
                  a.z_k,
                  a.n_z,
                  as_ptr<T>(a.scratch),
-                 as_ptr<int64_t>(a.res)};
+                 as_ptr<int64_t>(a.res),
+                 as_ptr<const int64_t>(a.residual_u)};
 }
 
 // Binds `step_<device>(state, prob_bits, phase, verify, retain, sampled, dense, block, vocab, v_arg, v_idx, v_prob,
-// v_k, z_arg, z_idx, z_prob, z_k, n_z, scratch, res, stream)`; run(st, step, phase, stream) does the work.
+// v_k, z_arg, z_idx, z_prob, z_k, n_z, scratch, res, residual_u, stream)`; run(st, step, phase, stream) does the
+// work.
 template <typename Run32, typename Run64>
 void def_step(py::module_& m, const char* name, Run32 run32, Run64 run64) {
   m.def(
@@ -101,9 +103,9 @@ void def_step(py::module_& m, const char* name, Run32 run32, Run64 run64) {
       [run32, run64](const State& st, int32_t prob_bits, int32_t phase, int32_t verify, int64_t retain, bool sampled,
                      bool dense, int64_t block, int64_t vocab, uintptr_t v_arg, uintptr_t v_idx, uintptr_t v_prob,
                      int64_t v_k, uintptr_t z_arg, uintptr_t z_idx, uintptr_t z_prob, int64_t z_k, int64_t n_z,
-                     uintptr_t scratch, uintptr_t res, uintptr_t stream) {
-        const Args a{phase, verify, retain, sampled, dense, block,   vocab, v_arg, v_idx,
-                     v_prob, v_k,   z_arg,  z_idx,   z_prob, z_k,   n_z,     scratch, res};
+                     uintptr_t scratch, uintptr_t res, uintptr_t residual_u, uintptr_t stream) {
+        const Args a{phase, verify, retain, sampled, dense, block, vocab,   v_arg, v_idx,     v_prob,
+                     v_k,   z_arg,  z_idx,  z_prob,  z_k,   n_z,   scratch, res,   residual_u};
         if (prob_bits == 32)
           run32(st, make_step<float>(st, a), phase, stream);
         else if (prob_bits == 64)

@@ -63,9 +63,6 @@ class Engine:
         if order not in (None, "ltr") and (not any_order or schedule in ("ar", "native")):
             raise ValueError(f"order={order!r} needs an any-order model and schedule packed, linear or "
                              f"quadratic; got schedule {schedule!r} on a model with any_order={any_order}")
-        if any_order and epilogue == "native":
-            raise ValueError("epilogue='native' applies to the left-to-right schedules; the any-order steps end "
-                             "in their own torch update (compile and cuda_graph apply to both)")
         _check_int("width", width, 1, MAX_WIDTH)
         if epilogue is not None and epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {tuple(EPILOGUES)} or None, got {epilogue!r}")
@@ -79,7 +76,7 @@ class Engine:
         self.order = order or "ltr"
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         _check_int("max_seq_len", self.max_seq_len, 2)
-        self.epilogue = "torch" if any_order else self._pick_epilogue(epilogue, bool(compile), model.device)
+        self.epilogue = self._pick_epilogue(epilogue, bool(compile), model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         mode = "graph" if cuda_graph else ("compile" if compile else "eager")
         self.runtime = Runtime(model, attention_backend(self.backend), mode,
@@ -102,10 +99,10 @@ class Engine:
     def program(self, params: SamplingParams):
         """The schedule bound to this engine's model, width, epilogue and `params` (one per setting)."""
         if params not in self._programs:
+            epilogue = make_epilogue(self.epilogue, self.model.device, self.width, params)
             if self.any_order:
-                program = ANY_ORDER_SCHEDULES[self.schedule_name](self.model, self.width, params, self.order)
+                program = ANY_ORDER_SCHEDULES[self.schedule_name](self.model, self.width, params, epilogue, self.order)
             else:
-                epilogue = make_epilogue(self.epilogue, self.model.device, self.width, params)
                 program = SCHEDULES[self.schedule_name](self.model, self.width, params, epilogue)
             self._programs[params] = program
         return self._programs[params]

@@ -241,8 +241,6 @@ def test_errors(random_model):
         Engine(random_model, "packed", order="random")
     with pytest.raises(ValueError, match="order="):
         Engine(random_model, "native", order="confidence")
-    with pytest.raises(ValueError, match="native"):
-        Engine(random_model, "packed", epilogue="native")
     with pytest.raises(ValueError, match="temperature"):
         Engine(random_model, "packed", order="confidence").generate([1, 2], 4, temperature=1.0)
     with pytest.raises(ValueError, match="stop_sequences"):

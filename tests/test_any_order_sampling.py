@@ -4,7 +4,7 @@ Same method and threshold as tests/test_sampling_exactness.py (whose G-test and 
 reuses): on a 4-token vocabulary, the exact probability of every 3-token continuation comes from
 transformers' logits at a mask appended after the text (the any-order model's LTR conditional),
 N = 1500 seeded generations per case (the same prompt, length and sampler settings), fail below p = 1e-4; the two broken acceptance rules patched
-into the any-order schedules must be flagged at p < 1e-6 (measured 3e-8 and 1e-15).
+into the torch epilogue's verification must be flagged at p < 1e-6 (measured 3e-8 and 1e-15).
 """
 import itertools
 
@@ -26,7 +26,7 @@ from test_sampling_exactness import (
 from tiny_models import checkpoint, hf_model
 
 import packed_ss
-import packed_ss.decode.any_order.schedules.base as any_order_schedules
+import packed_ss.decode.epilogue.reference as torch_epilogue
 from packed_ss.decode.sampling import SamplingParams, densify, truncated_probs
 
 CASES = [("ar", 1, T1), ("linear", 2, TOP_P), ("quadratic", 2, TOP_K), ("packed", 2, T1), ("packed", 3, TOP_K)]
@@ -61,8 +61,8 @@ def test_ltr_sampling_follows_ar_distribution(path, schedule, width, params):
 
 @pytest.mark.parametrize("broken", [residual_from_p, ignore_stored_q])
 def test_detects_broken_acceptance(path, monkeypatch, broken):
-    monkeypatch.setattr(any_order_schedules, "verify_sampled", broken)
-    p_value = g_test_pvalue(sample(path, "packed", 2, T1), exact_distribution(path, T1))
+    monkeypatch.setattr(torch_epilogue, "verify_sampled", broken)
+    p_value = g_test_pvalue(sample(path, "packed", 2, T1, epilogue="torch"), exact_distribution(path, T1))
     assert p_value < 1e-6, p_value
 
 

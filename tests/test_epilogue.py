@@ -119,6 +119,22 @@ def test_engine_native_matches_torch(model, schedule, sampling):
         assert (got.nfe, got.n_verify, got.n_accepted) == (ref.nfe, ref.n_verify, ref.n_accepted)
 
 
+@needs_native
+@pytest.mark.parametrize("schedule,order", [("packed", "ltr"), ("packed", "confidence"), ("linear", "ltr"),
+                                            ("linear", "confidence"), ("quadratic", "ltr"), ("quadratic", "confidence")])
+@pytest.mark.parametrize("sampling", SAMPLING, ids=["greedy", "T1", "top-k", "top-p"])
+def test_any_order_native_matches_torch(schedule, order, sampling):
+    """Any-order verification (ranks in the order pi_t, the residual drawn at u_t) in the compiled epilogue."""
+    if sampling and order != "ltr":
+        pytest.skip("the confidence order is greedy only")
+    model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), dtype=torch.float32)
+    kwargs = dict(max_new_tokens=40, eos_token_id=[], stop_sequences=[[20, 21]], **sampling)
+    ref = packed_ss.Engine(model, schedule, width=4, order=order, epilogue="torch").generate(PROMPT, **kwargs)
+    got = packed_ss.Engine(model, schedule, width=4, order=order, epilogue="native").generate(PROMPT, **kwargs)
+    assert got.tokens == ref.tokens and got.iterations == ref.iterations
+    assert (got.nfe, got.n_verify, got.n_accepted) == (ref.nfe, ref.n_verify, ref.n_accepted)
+
+
 # -- 4. selection and errors -------------------------------------------------------------------------------
 @needs_native
 def test_default_is_native_unless_compiled(model):
@@ -159,4 +175,4 @@ def test_cuda_path_without_gpu_raises_a_clear_error():
     state = mod.State(*([0] * 16), 3, 1, 0)
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mod.step_cuda(state, 32, mod.PHASE_BOTH, mod.VERIFY_DRAFT, mod.RETAIN_NONE, False, False, 4, 10,
-                      1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0)
+                      1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0)

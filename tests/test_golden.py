@@ -1,13 +1,19 @@
-"""Outputs recorded before the decode-core refactor (tests/golden/outputs.json) are reproduced exactly:
-tokens, NFE, verification calls and accepted drafts, for every case of tests/golden/cases.py."""
+"""Outputs recorded before the decode-core refactor (tests/golden/outputs.json, with the torch epilogue) are
+reproduced exactly: tokens, NFE, verification calls and accepted drafts, for every case of
+tests/golden/cases.py, with the torch and with the compiled epilogue."""
 import json
 
 import pytest
 from golden.cases import OUTPUTS, case_id, run
 
+from packed_ss.decode.epilogue import native_available
+
 RECORDED = json.loads(OUTPUTS.read_text())
+EPILOGUES = ["torch", pytest.param("native", marks=pytest.mark.skipif(not native_available("cpu"),
+                                                                       reason="native epilogue not built"))]
 
 
+@pytest.mark.parametrize("epilogue", EPILOGUES)
 @pytest.mark.parametrize("entry", RECORDED, ids=[case_id(e["case"]) for e in RECORDED])
-def test_golden_outputs_unchanged(entry):
-    assert run(entry["case"]) == entry["outputs"]
+def test_golden_outputs_unchanged(entry, epilogue):
+    assert run(entry["case"], epilogue) == entry["outputs"]

@@ -159,13 +159,12 @@ def test_nested_blocks_count_in_the_inner_one():
 # ---------------------------------------------------------------------------------------------------
 
 MAX_NEW = 48
-# Setup and finish may read a few times outside the per-call budget. The per-call budget already covers
-# the prefill call (the loop's first read of the stop flag is the one that follows it), so the constant
-# is only for reads that happen once per generate: setup 1 (a prompt given as a tensor is read with
-# .tolist()), finish 5 (today's engine reads n_out, the output tokens, nfe, n_verify and n_accepted
-# separately; a refactor may fold them into one read). Nothing here grows with the output length: one
-# extra read per call adds ~nfe reads (26..50 in these cases) and fails.
-SETUP_FINISH = 6
+# Setup and finish may read a few times outside the per-call budget. The runtime reads one status row per
+# iteration, the prefill's included (one iteration per call, or per two calls for Linear-SS), so the
+# constant is for reads that happen once per generate: the final counts and output (one read), and for
+# any-order models the trace (two: its length, then its rows). Nothing here grows with the output length:
+# one extra read per call adds ~nfe reads (26..50 in these cases) and fails.
+SETUP_FINISH = 3
 GREEDY = {"temperature": 0.0}
 SAMPLED = {"temperature": 1.0, "top_k": 50, "seed": 0}
 PROMPT = "def fibonacci(n):"
@@ -214,7 +213,7 @@ def _any_order_cases():
             [(s, o, "greedy") for s in ("packed", "linear", "quadratic") for o in ("ltr", "confidence")]
             + [(s, "ltr", "sampled") for s in ("packed", "linear", "quadratic")]
             + [("native", None, "greedy"), ("ar", None, "greedy"), ("ar", None, "sampled")]):
-        for epilogue in ("torch", "native"):   # native: accepted once the decode-core refactor lands
+        for epilogue in ("torch", "native"):
             yield pytest.param(schedule, order, sampling, epilogue,
                                id=f"{schedule}-{order or 'na'}-{sampling}-{epilogue}")
 
@@ -267,3 +266,18 @@ def test_a_read_added_per_call_is_caught(which, request, monkeypatch):
     added = {site: n for (kind, site), n in reads.by_site.items() if site.endswith("in forward_and_read")}
     assert list(added.values()) == [res.nfe], reads.summary()
     assert reads.reads > res.nfe + SETUP_FINISH, reads.summary()
+
+
+@pytest.mark.parametrize("which,engine_kwargs", [
+    ("ltr", {"schedule": "packed"}), ("ltr", {"schedule": "linear"}),
+    ("any_order", {"schedule": "packed", "order": "confidence"})], ids=["packed", "linear", "any-order"])
+def test_stream_adds_no_read(which, engine_kwargs, request):
+    """stream() yields each iteration's tokens from the same status row generate() polls: equal counts."""
+    model, prompt = request.getfixturevalue(which)
+    engine = packed_ss.Engine(model, width=8, **engine_kwargs)
+    kwargs = {"max_new_tokens": MAX_NEW, "eos_token_id": []}
+    generated, _ = measure(model, prompt, dict(engine_kwargs, width=8), {})
+    with count_host_reads() as streamed:
+        tokens = sum(engine.stream(prompt, **kwargs), [])
+    assert tokens == engine.generate(prompt, **kwargs).tokens
+    assert streamed.reads == generated.reads, f"{generated.summary()}\n--- stream ---\n{streamed.summary()}"

@@ -48,7 +48,7 @@ def case_id(case) -> str:
 _models: dict[str, object] = {}
 
 
-def run(case) -> list[dict]:
+def run(case, epilogue: str = "torch") -> list[dict]:
     """Outputs of one case over every prompt: tokens and the call counts."""
     kind = case["model"]
     if kind not in _models:
@@ -56,7 +56,7 @@ def run(case) -> list[dict]:
                          packed_ss.load_tokenizer(packed_ss.default_model_path(kind)))
     model, tok = _models[kind]
     opts = {k: case[k] for k in ("schedule", "width", "order") if case.get(k) is not None}
-    engine = packed_ss.Engine(model, epilogue="torch", **opts)
+    engine = packed_ss.Engine(model, epilogue=epilogue, **opts)
     kwargs = {k: case[k] for k in ("temperature", "top_k", "top_p", "seed", "stop_token_ids", "stop_sequences")
               if k in case}
     results = []

@@ -75,8 +75,10 @@ class Epilogue:
         self._step(st, verify, token, propose, retain)
         self._stop_at_sequences(st, start)
 
-    def verify(self, st: DecodeState, verify: Rows) -> torch.Tensor:
-        """First half of a draft verification: acceptance and the correction / bonus draw. Returns A (0-d)."""
+    def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):
+        """First half of a draft verification: acceptance and the correction / bonus draw. Returns the emitted
+        tokens [B] and A (0-d). `residual` (0-d): the uniform index of that draw, W by default (the any-order
+        steps verify u_t <= W ranks and draw at u_t)."""
         raise NotImplementedError
 
     def commit(self, st: DecodeState, *, propose: Rows | None, retain: str | int | None) -> None:

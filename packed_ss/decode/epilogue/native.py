@@ -77,7 +77,8 @@ class NativeEpilogue(Epilogue):
         self._native_step = self.mod.step_cuda if self.cuda else self.mod.step_cpu
         self.vocab = 0
         self.res = torch.zeros(self.block + 2, dtype=torch.int64, device=self.device)
-        self.n_accept = self.res[self.block]   # A of the last verification (a 0-d view)
+        self.emitted = self.res[:self.block]   # the last verification's emitted tokens and A (views)
+        self.n_accept = self.res[self.block]
         self._scratch: dict[tuple[torch.dtype, int], torch.Tensor] = {}
         self._bound: tuple[DecodeState, object] | None = None
 
@@ -90,10 +91,10 @@ class NativeEpilogue(Epilogue):
                                                                   else self.mod.VERIFY_NONE)
         self._call(st, self.mod.PHASE_BOTH, kind, verify if verify is not None else token, propose, retain)
 
-    def verify(self, st: DecodeState, verify: Rows) -> torch.Tensor:
-        """The emitted tokens and A go into `res`; returns A (a 0-d view of it)."""
-        self._call(st, self.mod.PHASE_VERIFY, self.mod.VERIFY_DRAFT, verify, None, None)
-        return self.n_accept
+    def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):
+        """The emitted tokens and A go into `res`; returns views of them."""
+        self._call(st, self.mod.PHASE_VERIFY, self.mod.VERIFY_DRAFT, verify, None, None, residual)
+        return self.emitted, self.n_accept
 
     def _commit(self, st, propose, retain) -> None:
         self._call(st, self.mod.PHASE_COMMIT, self.mod.VERIFY_DRAFT, None, propose, retain)
@@ -143,7 +144,7 @@ class NativeEpilogue(Epilogue):
         if rows.arg is None and (rows.idx is None) != self.dense:
             raise ValueError(f"{what} rows: dense and sparse distributions cannot mix")
 
-    def _call(self, st, phase, kind, v: Rows | None, z: Rows | None, retain) -> None:
+    def _call(self, st, phase, kind, v: Rows | None, z: Rows | None, retain, residual=None) -> None:
         handle = self._state(st)
         greedy = self.params.greedy
         self._check(v, "verifier")
@@ -168,4 +169,4 @@ class NativeEpilogue(Epilogue):
         v, z = v if v is not None else Rows(), z if z is not None else Rows()
         self._native_step(handle, bits, phase, kind, retain_code, not greedy, self.dense, self.block, self.vocab,
                    _ptr(v.arg), _ptr(v.idx), _ptr(v.prob), v.k, _ptr(z.arg), _ptr(z.idx), _ptr(z.prob), z.k,
-                   n_z, scratch, self.res.data_ptr(), stream)
+                   n_z, scratch, self.res.data_ptr(), _ptr(residual), stream)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..acceptance import verify_greedy, verify_sampled
-from ..sampling import densify, inverse_cdf, philox_uniform
+from ..sampling import densify, inverse_cdf, philox_uniform, take
 from ..state import DecodeState, emit, retain
 from .base import Epilogue, Rows
 
@@ -46,10 +46,12 @@ class TorchEpilogue(Epilogue):
         idx = rows.idx if rows.idx is not None else torch.arange(rows.vocab, device=z.device).expand(len(rows), -1)
         return z, idx, rows.prob
 
-    def _verify(self, st: DecodeState, rows: Rows, u):
+    def _verify(self, st: DecodeState, rows: Rows, u, residual=None):
         if rows.arg is not None:
             return verify_greedy(st.draft, st.draft_len, rows.arg)
         p = rows.prob if rows.idx is None else densify(rows.idx, rows.prob, rows.vocab)
+        if residual is not None:
+            u = torch.cat([u[:self.width], take(u, residual)[None]])
         return verify_sampled(st.draft, st.draft_len, st.q_idx, st.q_prob, p, u)
 
     def _emit(self, st, emitted, n_accept, verified: bool):
@@ -81,11 +83,11 @@ class TorchEpilogue(Epilogue):
             a = self.zero
         self._retain(st, propose, retain_, u, a, active)
 
-    def verify(self, st: DecodeState, verify: Rows) -> torch.Tensor:
+    def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):
         u = self._uniforms(st)
-        emitted, n_accept = self._verify(st, verify, u)
+        emitted, n_accept = self._verify(st, verify, u, residual)
         self._verified = (u, emitted, n_accept)
-        return n_accept
+        return emitted, n_accept
 
     def _commit(self, st, propose, retain_) -> None:
         u, emitted, n_accept = self._verified

@@ -32,6 +32,6 @@ class Quadratic(Schedule):
     def update(self, st, logits):
         """Verify, pick branch A - 1 on the device, then emit and keep that branch's proposals."""
         b = self.block
-        n_accept = self.epilogue.verify(st, self.epilogue.rows(logits[:b]))
+        _, n_accept = self.epilogue.verify(st, self.epilogue.rows(logits[:b]))
         branch = logits.index_select(0, self.branch_rows + (n_accept - 1) * b)
         self.epilogue.commit(st, propose=self.epilogue.rows(branch), retain=1)

@@ -11,8 +11,8 @@ class AR(AnyOrderSchedule):
     name = "ar"
     verifies = False
 
-    def __init__(self, model, width, params, order="ltr", n_pending=None):
-        super().__init__(model, 1, params, "ltr", n_pending)   # a window of one position
+    def __init__(self, model, width, params, epilogue, order="ltr", n_pending=None):
+        super().__init__(model, 1, params, epilogue, "ltr", n_pending)   # a window of one position
 
     def build(self):
         self.rows = Rows(self.device, self.mask_id, self.n_pending, 0, 1)

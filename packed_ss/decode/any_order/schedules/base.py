@@ -6,15 +6,9 @@ import torch
 
 from ....model.attention import Layout
 from ....runtime import ModelInput, Request, Step
-from ...acceptance import verify_sampled
-from ...sampling import (
-    SamplingParams,
-    densify,
-    philox_uniform,
-    sample_sparse,
-    take,
-    truncated_probs,
-)
+from ...epilogue import Epilogue
+from ...sampling import SamplingParams, philox_uniform, sample_sparse, truncated_probs
+from ...state import DecodeState
 from ..rules import commit, drafts, hold_if_crowded, pending, plan, record, window_size
 from ..state import AnyOrderState
 
@@ -37,10 +31,14 @@ class AnyOrderSchedule:
     name = ""
     verifies = True   # counts toward n_verify / n_accepted
 
-    def __init__(self, model, width: int, params: SamplingParams, order: str = "ltr", n_pending: int | None = None):
-        self.model, self.width, self.params, self.order = model, width, params, order
+    def __init__(self, model, width: int, params: SamplingParams, epilogue: Epilogue, order: str = "ltr",
+                 n_pending: int | None = None):
+        self.model, self.width, self.params, self.epilogue, self.order = model, width, params, epilogue, order
         self.n_pending = n_pending or self.pending_slots()
         self.device, self.mask_id = model.device, model.cfg.mask_token_id
+        # the epilogue verifies a DecodeState: this one holds D_{t-1} in rank order, its Q and the RNG key
+        support = 1 if params.greedy else params.support(model.cfg.vocab_size)
+        self.ranked = DecodeState.new(width, support, 1, [], 0, self.device)
         self.block = width + 1   # an iteration resolves positions of a window that starts at n_out
         self.ranks = torch.arange(width, device=self.device)
         self.steps: list[Step] = self.build()
@@ -76,7 +74,8 @@ class AnyOrderSchedule:
     def resume(self, st: AnyOrderState, call) -> None:
         """While held: run the next iteration with every pending row in its N region (host reads allowed)."""
         while bool(st.hold) and not bool(st.done):
-            wide = type(self)(self.model, self.width, self.params, self.order, n_pending=int(pending(st)))
+            wide = type(self)(self.model, self.width, self.params, self.epilogue, self.order,
+                              n_pending=int(pending(st)))
             st.hold.fill_(False)
             for step in wide.steps:
                 step.update(st, call(step.inputs(st)))
@@ -90,9 +89,12 @@ class AnyOrderSchedule:
         return ~(st.done | st.hold)
 
     def uniforms(self, st: AnyOrderState, active) -> torch.Tensor | None:
-        """This call's uniforms (None when greedy); the offset advances once per call, on the device."""
+        """This call's uniforms (None when greedy); the offset advances once per call, on the device. The
+        epilogue's verification draws the same ones from the key it is handed here."""
         if self.params.greedy:
             return None
+        self.ranked.seed.copy_(st.seed)
+        self.ranked.offset.copy_(st.offset)
         u = philox_uniform(st.seed, st.offset, 2 * self.width + 2)
         st.assign(active, offset=st.offset + 1)
         return u
@@ -112,20 +114,21 @@ class AnyOrderSchedule:
         z = sample_sparse(idx, prob, u[self.width + 1: 2 * self.width + 1])
         return z, (prob * (idx == z[:, None])).sum(-1), idx, prob
 
-    def verify(self, st: AnyOrderState, logits: torch.Tensor, u: torch.Tensor | None):
-        """(token at each rank, h_t) from the verifier rows M in rank order (lines 7, 9).
+    def verify(self, st: AnyOrderState, logits: torch.Tensor):
+        """(token at each rank, h_t) from the verifier rows M in rank order (lines 7, 9), by the epilogue.
 
         Greedy: the argmax, h = leading ranks whose draft equals it. Sampled: rejection sampling against each
-        draft's stored Q up to kappa_t; a rank without a draft is drawn from p. verify_sampled reads one row
-        and uniform after its W drafts (the LTR bonus): they are the last M row and u[u_t], the uniform of
-        the residual; with all u_t drafts accepted Alg. 3 takes no extra token, and that draw is dropped."""
+        draft's stored Q up to kappa_t; a rank without a draft is drawn from p. The epilogue verifies W + 1
+        rows (the LTR bonus row last): here the last M row again, with the residual drawn at u[u_t]; with
+        all u_t drafts accepted Alg. 3 takes no extra token, and that draw is dropped."""
         tok, kappa, q_idx, q_prob = drafts(st)
-        if u is None:
-            v = logits.argmax(-1)
-            return v, (tok == v).long().cumprod(0).sum()
-        p = densify(*truncated_probs(torch.cat([logits, logits[-1:]]), self.params), logits.shape[-1])
-        uniforms = torch.cat([u[:self.width], take(u, window_size(st))[None]])
-        emitted, a = verify_sampled(torch.where(tok >= 0, tok, 0), kappa, q_idx, q_prob, p, uniforms)
+        self.ranked.draft.copy_(torch.where(tok >= 0, tok, 0))
+        self.ranked.draft_len.copy_(kappa)
+        if not self.params.greedy:
+            self.ranked.q_idx.copy_(q_idx)
+            self.ranked.q_prob.copy_(q_prob)
+        rows = self.epilogue.rows(torch.cat([logits, logits[-1:]]))
+        emitted, a = self.epilogue.verify(self.ranked, rows, residual=window_size(st))
         return emitted[:self.width], a - 1
 
     def accept(self, st: AnyOrderState, active, verified, h) -> torch.Tensor:

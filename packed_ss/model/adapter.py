@@ -130,7 +130,7 @@ def load_adapter(model: nn.Module, directory: str | Path, rename=lambda name: na
     directory = Path(directory)
     config = _read_config(directory / "adapter_config.json")
     files = tensor_files(directory, "adapter_model")
-    found: dict[str, dict[str, torch.Tensor]] = {}
+    found: dict[str, dict[str, tuple[str, torch.Tensor]]] = {}   # module -> "A" / "B" -> (stored name, tensor)
     n_layers = model.cfg.num_layers
     for name, tensor in read_tensors(files):
         match = _TENSOR.fullmatch(name.removeprefix(PEFT_PREFIX))
@@ -142,7 +142,7 @@ def load_adapter(model: nn.Module, directory: str | Path, rename=lambda name: na
         if int(where.group(1)) >= n_layers:
             raise ValueError(f"{files[0]}: tensor {name} adapts layer {where.group(1)}, but the base model has "
                              f"{n_layers} layers (0..{n_layers - 1}): the adapter belongs to another model")
-        found.setdefault(module, {})[match.group(2)] = tensor
+        found.setdefault(module, {})[match.group(2)] = (name, tensor)
     expected = {f"model.layers.{i}.{part}.{t}" for i in range(n_layers) for t in TARGETS
                 for part in (("self_attn",) if t in TARGETS[:4] else ("mlp",))
                 if _targeted(config, f"model.layers.{i}.{part}.{t}", i)}
@@ -158,10 +158,11 @@ def load_adapter(model: nn.Module, directory: str | Path, rename=lambda name: na
         r = _pattern_value(config.get("rank_pattern") or {}, module, config["r"])
         alpha = _pattern_value(config.get("alpha_pattern") or {}, module, config["lora_alpha"])
         for key, shape in (("A", (r, linear.in_features)), ("B", (linear.out_features, r))):
-            if tuple(ab[key].shape) != shape:
-                raise ValueError(f"{files[0]}: tensor {PEFT_PREFIX}{module}.lora_{key}.weight has shape "
-                                 f"{tuple(ab[key].shape)}, expected {shape} (r={r}, layer {tuple(linear.weight.shape)})")
+            name, tensor = ab[key]
+            if tuple(tensor.shape) != shape:
+                raise ValueError(f"{files[0]}: tensor {name} has shape {tuple(tensor.shape)}, expected {shape} "
+                                 f"(r={r}, base weight {tuple(linear.weight.shape)})")
         scale = alpha / (r ** 0.5 if config.get("use_rslora") else r)
         dtype = _adapter_dtype(linear.weight.dtype)
-        linear.lora = LoRA(*(ab[k].to(linear.weight.device, dtype) for k in "AB"), scale)
+        linear.lora = LoRA(*(ab[k][1].to(linear.weight.device, dtype) for k in "AB"), scale)
     return len(found)

@@ -36,6 +36,8 @@ def weight_name(name: str) -> str | None:
     """The model's name for a wrapper key (None: a buffer that is not a weight)."""
     if name in NOT_WEIGHTS:
         return None
+    if name.startswith("model." + BACKBONE):      # a composer checkpoint's state.model
+        name = name.removeprefix("model.")
     if name.startswith(BACKBONE + "model."):
         return "model." + name[len(BACKBONE + "model."):]
     return name.removeprefix(BACKBONE)      # backbone.model.lm_head.weight -> lm_head.weight

@@ -76,10 +76,10 @@ def read_pickle(file: Path, unsafe: bool = False) -> dict[str, torch.Tensor]:
     """
     try:
         obj = torch.load(file, map_location="cpu", weights_only=not unsafe, mmap=not unsafe)
-    except pickle.UnpicklingError as err:
-        raise ValueError(f"{file}: needs arbitrary unpickling, which would run code from the file ({err}); "
-                         "convert it once with `python -m packed_ss convert ... --unsafe-pickle` if you "
-                         "trust it") from None
+    except pickle.UnpicklingError:
+        raise ValueError(f"{file}: torch.load(weights_only=True) refuses it: it needs arbitrary unpickling, "
+                         "which runs code from the file; if you trust it, convert it once with "
+                         "`python -m packed_ss convert ... --unsafe-pickle`") from None
     except (RuntimeError, EOFError, OSError) as err:
         raise ValueError(f"{file}: unreadable pickle checkpoint ({err})") from None
     if isinstance(obj, dict) and isinstance(obj.get("state"), dict) and "model" in obj["state"]:

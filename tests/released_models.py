@@ -56,7 +56,8 @@ def write_adapter(dst: Path, cfg: dict, module_prefix: str, adapter_config: dict
             out_f, in_f = linear_shape(cfg, target)
             name = f"base_model.model.{module_prefix}layers.{layer}.{LINEAR_SHAPES[target][0]}.{target}"
             tensors[f"{name}.lora_A.weight"] = torch.randn(r, in_f, generator=g) * std
-            tensors[f"{name}.lora_B.weight"] = torch.zeros(out_f, r) if zero else torch.randn(out_f, r, generator=g) * std
+            b = torch.zeros(out_f, r) if zero else torch.randn(out_f, r, generator=g) * std
+            tensors[f"{name}.lora_B.weight"] = b
     dst.mkdir(parents=True, exist_ok=True)
     save_file(tensors, dst / "adapter_model.safetensors")
     (dst / "adapter_config.json").write_text(json.dumps(config, indent=2))

@@ -47,7 +47,8 @@ LORA = "base_model.model.encoder.layers.{}.self_attn.o_proj.lora_{}.weight"
 
 @pytest.mark.parametrize("edit,config,message", [
     (lambda t: t.update({LORA.format(1, "B"): torch.zeros(64, 4)}), {},
-     r"tensor base_model.model.encoder.layers.1.self_attn.o_proj.lora_B.weight has shape \(64, 4\), expected \(64, 8\)"),
+     r"tensor base_model.model.encoder.layers.1.self_attn.o_proj.lora_B.weight has shape \(64, 4\), "
+     r"expected \(64, 8\)"),
     (None, {"target_modules": ["o_proj", "lm_head"]}, r"target_modules \['lm_head'\] not supported"),
     (lambda t: t.update({LORA.format(2, "A"): torch.zeros(8, 64), LORA.format(2, "B"): torch.zeros(64, 8)}), {},
      "adapts layer 2, but the base model has 2 layers"),

@@ -61,7 +61,8 @@ def test_convert_round_trips_bit_identically(wrapper, tmp_path, capsys):
     assert set(converted) == {n.removeprefix("backbone.model.") for n in stored
                               if n.startswith("backbone.model.model.")}      # the tied head once, no buffer
     for name, tensor in converted.items():
-        assert torch.equal(tensor, stored["backbone.model." + name]) and tensor.dtype == stored["backbone.model." + name].dtype
+        original = stored["backbone.model." + name]
+        assert torch.equal(tensor, original) and tensor.dtype == original.dtype
     a, b = packed_ss.load_model(wrapper, dtype=torch.float64), packed_ss.load_model(dst, dtype=torch.float64)
     assert a.cfg == b.cfg
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))

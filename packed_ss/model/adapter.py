@@ -21,7 +21,9 @@ from torch import nn
 
 from .tensor_files import read_tensors, tensor_files
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+          "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+TARGETS = tuple(PARENT)
 NLD_ADAPTER_DIR = "linear_spec_lora"
 PEFT_PREFIX = "base_model.model."
 _MODULE = re.compile(r"model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)")
@@ -121,8 +123,8 @@ def _read_config(file: Path) -> dict:
     return config
 
 
-def load_adapter(model: nn.Module, directory: str | Path, rename=lambda name: name) -> int:
-    """Attach the PEFT LoRA adapter in `directory` to `model` (unmerged); returns the number of adapted layers.
+def load_adapter(model: nn.Module, directory: str | Path, rename=lambda name: name) -> None:
+    """Attach the PEFT LoRA adapter in `directory` to `model`'s linear layers, unmerged.
 
     `rename` maps a PEFT module path (after `base_model.model.`) to the model's names (e.g. `encoder.` ->
     `model.` for Nemotron-Labs-Diffusion).
@@ -143,9 +145,8 @@ def load_adapter(model: nn.Module, directory: str | Path, rename=lambda name: na
             raise ValueError(f"{files[0]}: tensor {name} adapts layer {where.group(1)}, but the base model has "
                              f"{n_layers} layers (0..{n_layers - 1}): the adapter belongs to another model")
         found.setdefault(module, {})[match.group(2)] = (name, tensor)
-    expected = {f"model.layers.{i}.{part}.{t}" for i in range(n_layers) for t in TARGETS
-                for part in (("self_attn",) if t in TARGETS[:4] else ("mlp",))
-                if _targeted(config, f"model.layers.{i}.{part}.{t}", i)}
+    expected = {m for i in range(n_layers) for t in TARGETS
+                if _targeted(config, m := f"model.layers.{i}.{PARENT[t]}.{t}", i)}
     missing = sorted(expected - {m for m, ab in found.items() if len(ab) == 2})
     if missing:
         raise ValueError(f"{files[0]}: lacks lora_A / lora_B for {missing[:4]} (adapter_config.json targets "
@@ -165,4 +166,3 @@ def load_adapter(model: nn.Module, directory: str | Path, rename=lambda name: na
         scale = alpha / (r ** 0.5 if config.get("use_rslora") else r)
         dtype = _adapter_dtype(linear.weight.dtype)
         linear.lora = LoRA(*(ab[k][1].to(linear.weight.device, dtype) for k in "AB"), scale)
-    return len(found)

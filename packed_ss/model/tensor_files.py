@@ -8,9 +8,9 @@ the model plus the tensor in flight. Pickle-based files (`.bin`, `.pt`) are open
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 import pickle
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -44,7 +44,8 @@ def safetensors_index(file: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (begin, end) = SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"]), entry["data_offsets"]
+            dtype, shape = SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"])
+            begin, end = entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{file}: tensor {name}: unsupported or malformed header entry {entry!r}") from None
         nbytes = torch.Size(shape).numel() * dtype.itemsize

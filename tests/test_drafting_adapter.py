@@ -24,6 +24,7 @@ import packed_ss.decode.epilogue.reference as torch_epilogue
 from packed_ss.decode.epilogue import native_available
 from packed_ss.decode.schedules.base import layout
 from packed_ss.model.config import model_config
+from packed_ss.model.loading import default_dtype
 
 SCHEDULES = ["ar", "linear", "quadratic", "packed"]
 PROMPTS = [[1, 5, 17, 42, 8, 9], [1, 60, 3, 120, 77]]
@@ -51,6 +52,7 @@ def test_defaults_follow_the_checkpoint(nld):
     assert packed_ss.Engine(default).width == 31                # block_size 32 - 1
     assert sum(m.lora is not None for m in model.modules() if hasattr(m, "lora")) == SMALL["num_hidden_layers"]
     assert packed_ss.Engine(packed_ss.load_model(checkpoint("llama-gqa"))).width == 8   # no block_size
+    assert default_dtype(model.cfg, "cuda") == torch.bfloat16 and default_dtype(model.cfg, "cpu") == torch.float32
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "continuation for every schedule; sampling follows the same distribution.")
     gen.add_argument("prompt", help="text to continue, e.g. 'def fibonacci(n):'")
     gen.add_argument("--model", default=None,
-                     help="local model directory (HF or Nemotron-Labs-Diffusion layout with tokenizer.json), "
+                     help="local model directory (HF, Nemotron-Labs-Diffusion or SetDLM layout with tokenizer.json), "
                           "or the name of a shipped model: 'default' (the tiny code model, the default) or "
                           "'any-order' (its SetDLM-style any-order sibling)")
     gen.add_argument("--schedule", choices=["all", *SCHEDULES, "native"], default="all",

@@ -90,6 +90,7 @@ def test_qk_norm_under_nld_layout(nld):
     ({"model_type": "bd3lm", "architectures": ["BD3LM"]}, "only SetDLM"),
     ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, "unsupported model_type 'qwen2'"),
     ({"hidden_act": "gelu"}, "model_type 'nemotron_labs_diffusion' with hidden_act 'gelu'"),
+    ({"dlm_paradigm": "autoregressive"}, "model_type 'nemotron_labs_diffusion' with dlm_paradigm 'autoregressive'"),
 ])
 def test_unsupported_families(nld, config, message):
     raw = json.loads((nld / "config.json").read_text())

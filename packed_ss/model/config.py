@@ -107,6 +107,10 @@ def _check(raw: dict, where: str, kind: str) -> None:
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{where}: model_type {kind!r} with hidden_act {act!r} is not supported (only 'silu', SwiGLU)")
+    paradigm = raw.get("dlm_paradigm", "bidirectional")
+    if kind == NLD and paradigm != "bidirectional":
+        raise ValueError(f"{where}: model_type {kind!r} with dlm_paradigm {paradigm!r} is not supported (only "
+                         "'bidirectional': mask rows of a block see each other)")
     if raw.get("mask_token_id") is None:
         raise ValueError(f"{where}: config.json has no mask_token_id; a dual-mode model needs one to draft")
     _require(raw, ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

@@ -73,7 +73,7 @@ def test_adapter_path_without_config(nld, tmp_path):
 def test_rank_and_alpha_patterns_and_rslora(nld):
     scale = lambda m: m.model.layers[1].self_attn.o_proj.lora.scale  # noqa: E731
     assert scale(packed_ss.load_model(nld)) == 4.0                     # lora_alpha / r = 32 / 8
-    edit_adapter(nld, alpha_pattern={"layers.1.self_attn.o_proj": 16}, use_rslora=True)
+    edit_adapter(nld, alpha_pattern={"encoder.layers.1.self_attn.o_proj": 16}, use_rslora=True)   # PEFT's names
     model = packed_ss.load_model(nld)
     assert scale(model) == 16 / 8 ** 0.5 and model.model.layers[0].self_attn.o_proj.lora.scale == 32 / 8 ** 0.5
 

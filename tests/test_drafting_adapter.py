@@ -82,9 +82,21 @@ def prefilled(model, prompt):
     return cache
 
 
+ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module", params=["nld-o_proj", "llama-all-targets"])
+def adapted_path(request, tmp_path_factory):
+    if request.param == "nld-o_proj":
+        return nld_checkpoint("3B")[0]
+    return with_adapter(checkpoint("llama-gqa"), tmp_path_factory.mktemp("all") / "model", ALL_TARGETS,
+                        alpha_pattern={"mlp.down_proj": 8})
+
+
 @torch.no_grad()
-def test_adapter_applies_to_drafting_rows_only(nld):
-    model, path, _ = nld
+def test_adapter_applies_to_drafting_rows_only(adapted_path):
+    path = adapted_path
+    model = packed_ss.load_model(path, dtype=torch.float64)
     base = packed_ss.load_model(path, dtype=torch.float64, draft_adapter=None)
     prompt, b, mask = PROMPTS[0], 5, model.cfg.mask_token_id
     n = len(prompt)
@@ -121,8 +133,7 @@ def test_zero_adapter_changes_nothing():
 def sampling_path(tmp_path_factory):
     """test_sampling_exactness's 4-token model, shipping a LoRA on every linear layer."""
     src = checkpoint("llama-gqa", vocab_size=4, std=0.4, seed=3)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    return with_adapter(src, tmp_path_factory.mktemp("lora") / "model", targets, std=0.1)
+    return with_adapter(src, tmp_path_factory.mktemp("lora") / "model", ALL_TARGETS, std=0.1)
 
 
 @pytest.mark.parametrize("schedule,width", [("packed", 3), ("quadratic", 2), ("linear", 2)])

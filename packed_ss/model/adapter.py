@@ -156,8 +156,9 @@ def load_adapter(model: nn.Module, directory: str | Path, rename=lambda name: na
         raise ValueError(f"{files[0]}: tensors for {extra[:4]}, which adapter_config.json does not target")
     for module, ab in found.items():
         linear = model.get_submodule(module)
-        r = _pattern_value(config.get("rank_pattern") or {}, module, config["r"])
-        alpha = _pattern_value(config.get("alpha_pattern") or {}, module, config["lora_alpha"])
+        peft_module = _TENSOR.fullmatch(ab["A"][0].removeprefix(PEFT_PREFIX)).group(1)   # the name PEFT matched
+        r = _pattern_value(config.get("rank_pattern") or {}, peft_module, config["r"])
+        alpha = _pattern_value(config.get("alpha_pattern") or {}, peft_module, config["lora_alpha"])
         for key, shape in (("A", (r, linear.in_features)), ("B", (linear.out_features, r))):
             name, tensor = ab[key]
             if tuple(tensor.shape) != shape:

@@ -2,7 +2,9 @@
 # One prepared device check for an H200 (or any CUDA machine): install packed-ss without network (this also
 # builds the native step epilogue, csrc/, with the image's cmake, pybind11 and nvcc), run the kernel tests
 # on CUDA (fp32, bf16, fp16 against the torch reference; triton vs torch decoding) together with the CUDA
-# epilogue and CUDA-graph tests (tests/test_gpu.py, tests/test_epilogue.py), then the packed-attention
+# epilogue and CUDA-graph tests (tests/test_gpu.py, tests/test_epilogue.py; every decode loop there, eager and
+# graph, both epilogues, both orders, greedy and sampled, runs under torch.cuda.set_sync_debug_mode("error")
+# so an implicit host sync inside a step fails), then the packed-attention
 # benchmark with a launch-config sweep, then the epilogue benchmark (eager vs CUDA graph, torch vs native).
 # Everything lands in $OUT (at most 8 files).
 #

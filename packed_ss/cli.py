@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from .decode.any_order import ANY_ORDER_SCHEDULES, ORDERS
+from .decode.any_order import ORDERS
+from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.schedules import SCHEDULES
 from .engine import MAX_WIDTH, Engine
 from .model.loading import default_model_path, load_model

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import warnings
 from typing import Iterator
 
 import torch
 
-from .decode.any_order import ANY_ORDER_SCHEDULES, ORDERS, AnyOrderDecoder
+from .decode.any_order import ORDERS
+from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.epilogue import EPILOGUES, make_epilogue, native_unavailable_reason
 from .decode.sampling import SamplingParams
 from .decode.schedules import SCHEDULES
@@ -66,9 +66,9 @@ class Engine:
         if order not in (None, "ltr") and (not any_order or schedule in ("ar", "native")):
             raise ValueError(f"order={order!r} needs an any-order model and schedule packed, linear or "
                              f"quadratic; got schedule {schedule!r} on a model with any_order={any_order}")
-        if any_order and (compile or cuda_graph or epilogue == "native"):
-            raise ValueError("compile, cuda_graph and epilogue='native' apply to the left-to-right schedules; "
-                             "an any-order model decodes with the host-driven any-order loop")
+        if any_order and epilogue == "native":
+            raise ValueError("epilogue='native' applies to the left-to-right schedules; the any-order steps end "
+                             "in their own torch update (compile and cuda_graph apply to both)")
         if width is None:
             width = min(model.cfg.block_size - 1, MAX_WIDTH) if model.cfg.block_size else DEFAULT_WIDTH
         _check_int("width", width, 1, MAX_WIDTH)
@@ -89,8 +89,7 @@ class Engine:
         mode = "graph" if cuda_graph else ("compile" if compile else "eager")
         self.runtime = Runtime(model, attention_backend(self.backend), mode,
                                "inductor" if compile is True else (compile or "inductor"), self.max_seq_len)
-        self._any_order = (AnyOrderDecoder(model, schedule, width, self.order, self.runtime.attend,
-                                           self.runtime.cache_for) if any_order else None)
+        self.any_order = any_order
         self._programs: dict[SamplingParams, object] = {}
 
     @staticmethod
@@ -108,8 +107,12 @@ class Engine:
     def program(self, params: SamplingParams):
         """The schedule bound to this engine's model, width, epilogue and `params` (one per setting)."""
         if params not in self._programs:
-            epilogue = make_epilogue(self.epilogue, self.model.device, self.width, params)
-            self._programs[params] = SCHEDULES[self.schedule_name](self.model, self.width, params, epilogue)
+            if self.any_order:
+                program = ANY_ORDER_SCHEDULES[self.schedule_name](self.model, self.width, params, self.order)
+            else:
+                epilogue = make_epilogue(self.epilogue, self.model.device, self.width, params)
+                program = SCHEDULES[self.schedule_name](self.model, self.width, params, epilogue)
+            self._programs[params] = program
         return self._programs[params]
 
     # -- requests --------------------------------------------------------------------------------------
@@ -126,8 +129,9 @@ class Engine:
         Temperature 0 is greedy decoding; otherwise tokens follow the AR distribution after
         temperature, top-k and top-p, exactly, whatever the schedule.
         """
-        decoding = self.stream(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
-                               stop_token_ids, stop_sequences)
+        request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                                        eos_token_id, stop_token_ids, stop_sequences)
+        decoding = self._decode(request, params, stream=False)
         while True:
             try:
                 next(decoding)
@@ -144,9 +148,10 @@ class Engine:
         here, before anything runs."""
         request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                         eos_token_id, stop_token_ids, stop_sequences)
-        if self._any_order is not None:
-            return self._stream_any_order(request, params)
-        return self.runtime.decode(self.program(params), request)
+        return self._decode(request, params, stream=True)
+
+    def _decode(self, request: Request, params: SamplingParams, stream: bool):
+        return self.runtime.decode(self.program(params), request, stream)
 
     def _request(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
                  stop_token_ids, stop_sequences) -> tuple[Request, SamplingParams]:
@@ -179,8 +184,7 @@ class Engine:
                 raise ValueError(f"stop_sequences must be non-empty lists of token ids in [0, {vocab}), got {seq!r}")
             sequences.append(tuple(_token_ids("stop_sequences", seq, vocab)))
         params = SamplingParams(float(temperature), top_k, None if top_p == 1 else top_p)
-        if not params.greedy and self._any_order is not None and (self.schedule_name == "native"
-                                                                  or self.order != "ltr"):
+        if not params.greedy and self.any_order and (self.schedule_name == "native" or self.order != "ltr"):
             raise ValueError(
                 f"temperature must be 0 for schedule {self.schedule_name!r} with order {self.order!r}: the native "
                 "decoder is an argmax decoder, and a confidence order ranks positions by the sampled drafts' own "
@@ -190,14 +194,3 @@ class Engine:
             seed = int.from_bytes(os.urandom(7), "little")
         stop_ids = sorted(set(eos) | set(stop_token_ids or []))
         return Request(prompt, max_new_tokens, seed, stop_ids, sequences), params
-
-    def _stream_any_order(self, request: Request, params: SamplingParams):
-        start = time.perf_counter()
-        st = self._any_order.generate(request.prompt, request.max_new_tokens, params, request.seed,
-                                      [(t,) for t in request.stop_ids] + request.stop_sequences)
-        wall = time.perf_counter() - start
-        verified = [it for it in st.trace if self.schedule_name not in ("ar", "native")]
-        tokens = st.output()
-        yield tokens
-        return GenerateResult(tokens, st.nfe, wall, self._any_order.model_s, len(verified),
-                              sum(it.drafts_accepted for it in verified), st.trace)

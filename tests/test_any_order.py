@@ -8,10 +8,10 @@ import pytest
 import torch
 from tiny_models import checkpoint, hf_model
 
-import packed_ss.decode.any_order.schedules as any_order_schedules
-from packed_ss import Engine, SamplingParams, default_model_path, load_model
-from packed_ss.decode.any_order import AnyOrderDecoder, AnyOrderState, serial_reference
-from packed_ss.model.attention import packed_attention_ref
+from packed_ss import Engine, default_model_path, load_model
+from packed_ss.decode.any_order import AnyOrderState, serial_reference
+from packed_ss.decode.any_order.rules import apply_stops
+from packed_ss.decode.any_order.schedules.native import Native
 
 SPECULATIVE = ("packed", "linear", "quadratic")
 PROMPTS = [[5, 17, 33, 2, 8], [60, 3], [11, 11, 40, 7, 7, 90, 1, 4]]
@@ -82,36 +82,42 @@ def test_ltr_equals_transformers_on_trained_model(trained):
     assert out.tokens == hf_ar_greedy(path, prompts[0], 32, model.cfg.mask_token_id)
 
 
-def _spy_rows(model):
-    """Wrap model.forward to record the number of input rows of every call."""
+def _spy_rows(model, live_below):
+    """Wrap model.forward to record, per call, its padded row count and its live rows: those at a position
+    id below `live_below` (padding rows sit past every output position)."""
     rows, forward = [], model.forward
 
-    def spy(tokens, *args, **kwargs):
-        rows.append(tokens.numel())
-        return forward(tokens, *args, **kwargs)
+    def spy(tokens, positions, *args, **kwargs):
+        rows.append((tokens.numel(), int((positions < live_below).sum())))
+        return forward(tokens, positions, *args, **kwargs)
     model.forward = spy
     return rows, lambda: delattr(model, "forward")
 
 
-@pytest.mark.parametrize("schedule,calls,expected", [
-    ("packed", 1, lambda p, u: p + 3 * u),
-    ("linear", 2, lambda p, u: p + 3 * u),
-    ("quadratic", 1, lambda p, u: p + 2 * u + u * u),
-    ("native", 1, lambda p, u: p + u),
-    ("ar", 1, lambda p, u: p + 1),
+@pytest.mark.parametrize("schedule,calls,expected,padded", [
+    ("packed", 1, lambda p, u: p + 3 * u, 1 + 3 * 8),
+    ("linear", 2, lambda p, u: p + 3 * u, 1 + 3 * 8),
+    ("quadratic", 1, lambda p, u: p + 2 * u + u * u, 1 + 2 * 8 + 8 * 8),
+    ("native", 1, lambda p, u: p + u, 8 + 8),
+    ("ar", 1, lambda p, u: p + 1, 2),
 ])
-def test_rows_per_iteration_match_table_2(trained, schedule, calls, expected):
-    """Rows fed to the model per iteration, counted at the model call, are the paper's Table 2 sizes."""
+def test_rows_per_iteration_match_table_2(trained, schedule, calls, expected, padded):
+    """Rows fed to the model per iteration are the paper's Table 2 sizes. The call has a fixed shape
+    (`padded` rows, inert padding included); the spy counts the *live* rows of each call, which must be
+    p + 3u_t etc. and equal the trace's count."""
     model, prompts = trained
     order = "confidence" if schedule in SPECULATIVE else None
-    rows, restore = _spy_rows(model)
+    prompt = prompts[2]
+    rows, restore = _spy_rows(model, live_below=len(prompt) + 40)
     try:
-        out = Engine(model, schedule, width=8, order=order).generate(prompts[2], 40, eos_token_id=[])
+        out = Engine(model, schedule, width=8, order=order).generate(prompt, 40, eos_token_id=[])
     finally:
         restore()
-    assert rows[0] == len(prompts[2])                          # the prompt call (paper E.2)
-    per_iteration = [sum(rows[1 + calls * i: 1 + calls * (i + 1)]) for i in range(len(out.iterations))]
+    assert rows[0] == (len(prompt), len(prompt))                  # the prompt call (paper E.2)
     assert len(rows) == 1 + calls * len(out.iterations) == out.nfe
+    calls_of = [rows[1 + calls * i: 1 + calls * (i + 1)] for i in range(len(out.iterations))]
+    assert all(sum(total for total, _ in c) == padded for c in calls_of)
+    per_iteration = [sum(live for _, live in c) for c in calls_of]
     for it, n in zip(out.iterations, per_iteration):
         assert n == it.rows == expected(it.pending_rows, it.window)
     assert {it.pending_rows for it in out.iterations} <= ({0, 1} if schedule != "native" else set(range(9)))
@@ -134,39 +140,62 @@ def test_stop_sequence_ends_output_at_earliest_marker(trained):
                 assert out.tokens == base[:first_end + 1]
 
 
-def test_truncation_reprocesses_rows_that_saw_dropped_tokens(trained):
+@pytest.mark.parametrize("schedule", ["packed", "quadratic"])
+def test_truncation_reprocesses_rows_that_saw_dropped_tokens(trained, schedule):
     """A stop recognised after positions beyond it were accepted: those leave P_t, and cache rows that saw
     them are processed again; the output still equals the serial reference. Markers are picked from a
-    free run where a later position was accepted no later than the marker's end (the run is the same
-    until the marker is recognised)."""
+    free run where, in the iteration that completes the marker, a later position is already cached and an
+    earlier one still open (the run is the same until the marker is recognised): the re-queued rows then
+    overflow the call's one N slot, the step sets `hold`, and resume() runs an iteration with a wider N."""
     model, prompts = trained
-    decoder = AnyOrderDecoder(model, "packed", 8, "confidence", packed_attention_ref)
-    reprocessed = 0
+    engine = Engine(model, schedule, width=8, order="confidence")
+    held = 0
     for prompt in prompts:
-        free = decoder.generate(prompt, 48, SamplingParams(), 0, [])
-        when = {j: t for t, it in enumerate(free.trace) for j in it.order[:it.accepted]}
-        tokens = free.output()
-        candidates = [i for i in range(1, 48) if any(j > i and when[j] <= when[i] for j in range(i + 1, 48))
-                      and all(tokens[e - 1:e + 1] != tokens[i - 1:i + 1] for e in range(1, i))]
-        for i in candidates[:4]:
-            marker = tuple(tokens[i - 1:i + 1])
-            st = decoder.generate(prompt, 48, SamplingParams(), 0, [marker])
-            assert st.output() == tokens[:i + 1]
-            assert st.output() == serial_reference(model, prompt, st.trace, 48, [marker])
-            reprocessed += st.reprocessed
-    assert reprocessed > 0, "no run exercised the truncation path"
+        free = engine.generate(prompt, 48, eos_token_id=[])
+        when = {j: t for t, it in enumerate(free.iterations) for j in it.order[:it.accepted]}
+        tokens = free.tokens
+        candidates = [i for i in range(1, 48) if all(tokens[e - 1:e + 1] != tokens[i - 1:i + 1] for e in range(1, i))
+                      and any(when[j] < max(when[i - 1], when[i]) for j in range(i + 1, 48))
+                      and any(when[k] > max(when[i - 1], when[i]) for k in range(i - 1))]
+        for i in candidates[:3]:
+            marker = tokens[i - 1:i + 1]
+            out = engine.generate(prompt, 48, eos_token_id=[], stop_sequences=[marker])
+            assert out.tokens == tokens[:i + 1]
+            assert out.tokens == serial_reference(model, prompt, out.iterations, 48, [tuple(marker)])
+            held += sum(it.pending_rows > 1 for it in out.iterations)
+    assert held > 0, "no run exercised the truncation path"
+
+
+def _state(tokens: dict[int, int], accepted: list[int], n_cached: int, stops) -> AnyOrderState:
+    st = AnyOrderState.new(3, 1, prompt_len=3, max_new=6, seed=0, stops=stops, device="cpu")
+    for j, t in tokens.items():
+        st.out[j] = t
+    st.acc_pos[:len(accepted)] = torch.tensor(accepted)
+    st.n_acc.fill_(len(accepted))
+    st.n_cached.fill_(n_cached)
+    return st
 
 
 def test_apply_stops_keeps_acceptance_order():
-    st = AnyOrderState(prompt_len=3, limit=6, stop_sequences=[(7, 8)])
-    for j, t in [(0, 1), (4, 5), (1, 7)]:
-        st.tokens[j] = t
-    st.cached, st.pending = [0, 4], [(1, 7)]
-    st.tokens[2] = 8
-    st.pending.append((2, 8))
-    st.apply_stops()
-    assert st.end == 2 and st.output() == [1, 7, 8]
-    assert st.cached == [0] and st.pending == [(1, 7), (2, 8)] and st.tokens[4] is None
+    """P_t = [0, 4 | 1, 2] (cache | pending) with stop (7, 8) at positions 1-2: E = 2, pair 4 leaves, the
+    pending rows keep their order, and the cache keeps the rows before the dropped one."""
+    st = _state({0: 1, 4: 5, 1: 7, 2: 8}, [0, 4, 1, 2], 2, [(7, 8)])
+    apply_stops(st, torch.tensor(True))
+    assert int(st.end) == 2 and st.out[:3].tolist() == [1, 7, 8] and int(st.out[4]) == -1
+    assert st.acc_pos[:int(st.n_acc)].tolist() == [0, 1, 2] and int(st.n_cached) == 1
+    assert int(st.n_out) == 3 and bool(st.done)
+
+
+def test_apply_stops_requeues_cache_rows_that_saw_a_dropped_token():
+    """Cache [0, 4, 1], pending [2]: the row of 1 saw the dropped 4, so it leaves the cache and is pending
+    again, before 2; a step on an inactive state changes nothing."""
+    st = _state({0: 1, 4: 5, 1: 7, 2: 8}, [0, 4, 1, 2], 3, [(7, 8), (9,)])
+    before = {k: v.clone() for k, v in st.tensors().items()}
+    apply_stops(st, torch.tensor(False))
+    assert all(torch.equal(before[k].nan_to_num(), v.nan_to_num()) for k, v in st.tensors().items())
+    apply_stops(st, torch.tensor(True))
+    assert st.acc_pos[:int(st.n_acc)].tolist() == [0, 1, 2] and int(st.n_cached) == 1
+    assert int(st.end) == 2 and int(st.n_out) == 3
 
 
 @pytest.mark.parametrize("schedule", ["packed", "quadratic", "native"])
@@ -183,7 +212,7 @@ def test_triton_backend_matches_torch(schedule):
 def test_native_threshold_decoder(trained, monkeypatch, threshold):
     """Every call commits at least one position; a lower threshold commits several per call (this tiny
     model rarely reaches 0.9)."""
-    monkeypatch.setattr(any_order_schedules, "NATIVE_THRESHOLD", threshold)
+    monkeypatch.setattr(Native, "threshold", threshold)
     model, prompts = trained
     out = Engine(model, "native", width=8).generate(prompts[0], 48, eos_token_id=[])
     assert len(out.tokens) == 48 and all(t is not None for t in out.tokens)
@@ -212,12 +241,10 @@ def test_errors(random_model):
         Engine(random_model, "packed", order="random")
     with pytest.raises(ValueError, match="order="):
         Engine(random_model, "native", order="confidence")
-    with pytest.raises(ValueError, match="compile"):
-        Engine(random_model, "packed", compile=True)
+    with pytest.raises(ValueError, match="native"):
+        Engine(random_model, "packed", epilogue="native")
     with pytest.raises(ValueError, match="temperature"):
         Engine(random_model, "packed", order="confidence").generate([1, 2], 4, temperature=1.0)
-    with pytest.raises(ValueError, match="several tokens"):
-        Engine(ltr, "packed").generate([1, 2], 4, stop_sequences=[[3, 4]])
     with pytest.raises(ValueError, match="stop_sequences"):
         Engine(random_model, "packed").generate([1, 2], 4, stop_sequences=[[]])
 

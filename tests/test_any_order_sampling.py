@@ -26,7 +26,7 @@ from test_sampling_exactness import (
 from tiny_models import checkpoint, hf_model
 
 import packed_ss
-import packed_ss.decode.any_order.schedules as any_order_schedules
+import packed_ss.decode.any_order.schedules.base as any_order_schedules
 from packed_ss.decode.sampling import SamplingParams, densify, truncated_probs
 
 CASES = [("ar", 1, T1), ("linear", 2, TOP_P), ("quadratic", 2, TOP_K), ("packed", 2, T1), ("packed", 3, TOP_K)]

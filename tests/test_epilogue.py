@@ -1,4 +1,4 @@
-"""The compiled step epilogue (csrc/, packed_ss/epilogue.py) against the torch reference it replaces.
+"""The compiled step epilogue (csrc/, packed_ss/decode/epilogue/native.py) against the torch reference.
 
 1. Single steps: for many random states and logits (tests/epilogue_cases.py: ties, one-hot targets, zeros
    in p or Q, full acceptance, rejection at the first position, stop tokens and the length cap inside the
@@ -9,12 +9,8 @@
 3. End to end: Engine(epilogue="native") gives the tokens of epilogue="torch" for every schedule,
    greedy and sampled, on a tiny random model.
 4. Selection and errors: the default, the fallback when the module is missing, bad arguments.
-5. The CUDA-graph decode loop's host logic, on the CPU with eager stand-ins for capture and events
-   (tests/test_gpu.py replays real graphs).
+(The CUDA-graph loop's host logic is tested in tests/test_runtime.py; tests/test_gpu.py replays real graphs.)
 """
-import functools
-import math
-
 import pytest
 import torch
 from epilogue_cases import differences, first_token_counts, g_test, make_case
@@ -23,8 +19,6 @@ from tiny_models import checkpoint
 import packed_ss
 import packed_ss.decode.epilogue as epilogue_mod
 import packed_ss.decode.epilogue.native as native_mod
-import packed_ss.runtime.graphs as graphs_mod
-import packed_ss.runtime.poll as poll_mod
 from packed_ss.decode.acceptance import verify_greedy, verify_sampled
 from packed_ss.decode.epilogue import NativeEpilogue, native_available, native_module
 from packed_ss.decode.sampling import SamplingParams, densify, philox_uniform, truncated_probs
@@ -166,50 +160,3 @@ def test_cuda_path_without_gpu_raises_a_clear_error():
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mod.step_cuda(state, 32, mod.PHASE_BOTH, mod.VERIFY_DRAFT, mod.RETAIN_NONE, False, False, 4, 10,
                       1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0)
-
-
-# -- 5. the CUDA-graph decode loop's logic, on the CPU ----------------------------------------------------------
-@pytest.fixture
-def eager_graphs(monkeypatch):
-    """Engine(cuda_graph=True) on the CPU: capture returns the iteration itself, the poll reads one late."""
-    replays = []
-
-    def capture(run):
-        def replay():
-            replays.append(1)
-            run()
-        return replay
-
-    monkeypatch.setattr(graphs_mod, "warm_up", lambda run: (replays.append(1), run()))
-    monkeypatch.setattr(graphs_mod, "capture", capture)
-    monkeypatch.setattr(poll_mod.Poll, "__init__", functools.partialmethod(poll_mod.Poll.__init__, lag=1))
-    return replays
-
-
-@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
-@pytest.mark.parametrize("epilogue", [pytest.param("native", marks=needs_native), "torch"])
-def test_graph_loop_on_cpu_matches_eager(model, eager_graphs, schedule, epilogue):
-    """Persistent state reset per request, stop flag polled one iteration late (at most one no-op
-    iteration of overshoot), reuse across requests with other lengths, seeds, stop ids and sequences."""
-    eager = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue)
-    graphed = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue)
-    graphed.runtime.mode = "graph"     # the CPU stand-ins replace capture (fixture)
-    requests = [dict(prompt=PROMPT, max_new_tokens=30, eos_token_id=[]),
-                dict(prompt=list(range(1, 20)), max_new_tokens=25, eos_token_id=None, temperature=1.0),
-                dict(prompt=PROMPT[:2], max_new_tokens=1, eos_token_id=[]),
-                dict(prompt=PROMPT, max_new_tokens=20, stop_token_ids=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
-                     temperature=0.9, top_k=8),
-                dict(prompt=PROMPT, max_new_tokens=30, eos_token_id=[], stop_sequences=[[20, 21], [7, 7, 7]])]
-    for i, req in enumerate(requests * 2):
-        kwargs = dict(req, seed=i)
-        prompt = kwargs.pop("prompt")
-        want = eager.generate(prompt, **kwargs)
-        del eager_graphs[:]
-        got = graphed.generate(prompt, **kwargs)
-        assert got.tokens == want.tokens, (i, got.tokens, want.tokens)
-        assert (got.nfe, got.n_verify, got.n_accepted) == (want.nfe, want.n_verify, want.n_accepted)
-        assert math.isnan(got.model_s)
-        steps = len(graphed.program(SamplingParams(float(kwargs.get("temperature", 0.0)), kwargs.get("top_k"))).steps)
-        iterations = len(eager_graphs)            # replays, and the warm-up run before the first capture
-        calls = want.nfe - 1                      # eager iterations after the prefill, in model calls
-        assert iterations <= -(-calls // steps) + 1, (iterations, calls)

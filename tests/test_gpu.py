@@ -117,17 +117,26 @@ def test_native_matches_torch_on_gpu_greedy(model, schedule):
 @pytest.mark.parametrize("schedule", ["packed", "linear", "quadratic", "native"])
 @pytest.mark.parametrize("order", ["ltr", "confidence"])
 def test_any_order_on_gpu_matches_serial_reference(schedule, order):
-    """Any-order decoding with the fused kernel on the GPU (float32) equals the serial reference."""
+    """Any-order decoding with the fused kernel on the GPU (float32), eager and replayed from CUDA graphs,
+    equals the serial reference; sampled LTR decoding is the same in both loops."""
     from packed_ss.decode.any_order import serial_reference
     if schedule == "native" and order == "confidence":
         pytest.skip("the native decoder has no verification order")
     model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), device="cuda")
-    engine = packed_ss.Engine(model, schedule=schedule, width=4, order=None if schedule == "native" else order)
-    assert engine.backend == "triton"
-    out = engine.generate(PROMPT, 24, eos_token_id=[])
-    assert len(out.tokens) == 24
-    if schedule != "native":
-        assert out.tokens == serial_reference(model, PROMPT, out.iterations, 24, [])
+    opts = dict(schedule=schedule, width=4, order=None if schedule == "native" else order)
+    eager, graphed = packed_ss.Engine(model, **opts), packed_ss.Engine(model, cuda_graph=True, **opts)
+    assert eager.backend == "triton"
+    requests = [dict(eos_token_id=[]), dict(eos_token_id=[], stop_sequences=[[20, 21], [7, 7, 7]])]
+    if order == "ltr" and schedule != "native":
+        requests.append(dict(eos_token_id=[], temperature=1.0, top_k=20, seed=3))
+    for kwargs in requests * 2:               # twice: the second round replays the captured graphs
+        with no_sync():
+            out, replayed = eager.generate(PROMPT, 24, **kwargs), graphed.generate(PROMPT, 24, **kwargs)
+            streamed = sum(graphed.stream(PROMPT, 24, **kwargs), [])
+        assert replayed.tokens == out.tokens == streamed and replayed.iterations == out.iterations
+        if schedule != "native" and "temperature" not in kwargs:
+            assert out.tokens == serial_reference(model, PROMPT, out.iterations, 24,
+                                                  [tuple(s) for s in kwargs.get("stop_sequences", [])])
 
 
 @pytest.mark.parametrize("schedule", ["linear", "quadratic", "packed"])

@@ -77,22 +77,22 @@ class Runtime:
         return KVCache(self._cache.k[:, :, :capacity], self._cache.v[:, :, :capacity])
 
     # -- the loop --------------------------------------------------------------------------------------
-    def decode(self, program, request: Request) -> Iterator[list[int]]:
-        """Yields the tokens each iteration adds to the output; returns the GenerateResult."""
+    def decode(self, program, request: Request, stream: bool = False) -> Iterator[list[int]]:
+        """Returns the GenerateResult; when `stream`, first yields the tokens each iteration adds to the
+        output (they travel in the poll's row; otherwise the output is read once at the end)."""
         self.model_s = 0.0
         start = time.perf_counter()
         slot = self._slot(program, request)
         st, cache, poll = slot.state, slot.cache, slot.poll
         iterations, limit = 0, request.max_new_tokens + poll.lag + 2   # every live iteration emits >= 1 token
-        tokens: list[int] = []
+        caller_mode = torch.is_inference_mode_enabled()
         with torch.inference_mode():
-            poll.reset()
+            poll.reset(st, stream or self.mode == "graph")   # a graph captures one kind of row: the streaming one
             prompt = torch.tensor(request.prompt, dtype=torch.int64, device=self.model.device)
             self._timed(program.prefill(prompt), st, cache)
             poll.publish(st)
             poll.issue()
-        while True:
-            with torch.inference_mode():
+            while True:
                 status = poll.read() if poll.due else None
                 if status is None or not (status.done or status.hold):
                     iterations += 1
@@ -106,16 +106,17 @@ class Runtime:
                     program.resume(st, lambda inp: self.forward(inp, cache))
                     poll.publish(st)
                     poll.issue()
-            if status is not None and status.tokens:
-                tokens += status.tokens
-                yield status.tokens
-            if status is not None and status.done:
-                break
-        with torch.inference_mode():
+                if stream and status is not None and status.tokens:
+                    with torch.inference_mode(caller_mode):   # the consumer runs in its own mode
+                        yield status.tokens
+                if status is not None and status.done:
+                    break
+            counts = torch.stack([st.nfe, st.n_verify, st.n_accepted, st.n_out])
+            nfe, n_verify, n_accepted, n_out, *output = poll.fetch(torch.cat([counts, st.out]))
             extras = program.finish(st, poll.fetch) if hasattr(program, "finish") else {}
         model_s = self.model_s if self.mode == "eager" else math.nan
-        nfe, n_verify, n_accepted = status.counts     # the last status row: the request's final counts
-        return GenerateResult(tokens, nfe, time.perf_counter() - start, model_s, n_verify, n_accepted, **extras)
+        return GenerateResult(output[:n_out], nfe, time.perf_counter() - start, model_s, n_verify, n_accepted,
+                              **extras)
 
     def _slot(self, program, request: Request) -> "_Slot":
         """State, cache and poll for this request. Eager and compiled loops take fresh ones; the graph loop
@@ -166,7 +167,7 @@ class _Slot:
             def run_all() -> None:
                 for run in runs:
                     run()
-                self.poll.publish(state)
+                self.poll.publish(state, stream=runtime.mode == "graph" or None)
             return CapturedIteration(run_all) if runtime.mode == "graph" else run_all
 
         self.full = iteration(runners)

@@ -1,9 +1,7 @@
-"""Any-order decoding for SetDLM-style models (paper appendix C): Alg. 3 and its baselines."""
-from .decoder import AnyOrderDecoder
-from .schedules import SCHEDULES as _SCHEDULES
+"""Any-order decoding for SetDLM-style models (paper appendix C): Alg. 3 and its baselines as fixed-shape,
+device-resident steps, and the serial reference of Proposition C.1."""
+from .schedules import SCHEDULES
 from .serial import serial_reference
 from .state import ORDERS, AnyOrderState, Iteration
 
-ANY_ORDER_SCHEDULES = tuple(_SCHEDULES)
-
-__all__ = ["ANY_ORDER_SCHEDULES", "ORDERS", "AnyOrderDecoder", "AnyOrderState", "Iteration", "serial_reference"]
+__all__ = ["ORDERS", "SCHEDULES", "AnyOrderState", "Iteration", "serial_reference"]

@@ -2,14 +2,15 @@
 
 It replays a run's verification orders: iteration t generates its A_t positions pi_t(1..A_t) one at a
 time, each from a fresh forward pass (no cache, no packing) over the prompt, the accepted tokens in
-acceptance order and the group so far, with the same stop and truncation rules (AnyOrderState).
+acceptance order and the group so far, with the same stop and truncation rules, kept here on the host
+independently of the decoder's device state.
 """
 from __future__ import annotations
 
 import torch
 
 from ...model.attention import Layout, packed_attention_ref
-from .state import AnyOrderState, Iteration
+from .state import Iteration
 
 
 @torch.inference_mode()
@@ -26,16 +27,43 @@ def predict(model, prompt: list[int], context: list[tuple[int, int]], position: 
     return int(logits[-1].argmax())
 
 
+class Context:
+    """P_t on the host: accepted (position, token) pairs in acceptance order, and E (Alg. 3 lines 11-13)."""
+
+    def __init__(self, limit: int, stop_sequences: list[tuple[int, ...]]):
+        self.tokens: list[int | None] = [None] * limit
+        self.end, self.stop_sequences = limit - 1, stop_sequences
+        self.order: list[int] = []
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return [(j, self.tokens[j]) for j in self.order]
+
+    def append(self, group: list[tuple[int, int]]) -> None:
+        """Append C_t, then E <- end of the earliest fully accepted stop sequence; drop pairs after E."""
+        for j, t in group:
+            self.tokens[j] = t
+            self.order.append(j)
+        for seq in self.stop_sequences:
+            n = len(seq)
+            self.end = min([self.end] + [e for e in range(n - 1, self.end + 1)
+                                         if tuple(self.tokens[e - n + 1:e + 1]) == tuple(seq)])
+        self.tokens[self.end + 1:] = [None] * (len(self.tokens) - self.end - 1)
+        self.order = [j for j in self.order if j <= self.end]
+
+    @property
+    def done(self) -> bool:
+        return all(t is not None for t in self.tokens[:self.end + 1])
+
+
 def serial_reference(model, prompt: list[int], trace: list[Iteration], max_new_tokens: int,
                      stop_sequences: list[tuple[int, ...]]) -> list[int]:
     """The output the serial reference returns for a run with iterations `trace`."""
-    st = AnyOrderState(len(prompt), max_new_tokens, stop_sequences)
+    ctx = Context(max_new_tokens, stop_sequences)
     for it in trace:
-        context = [(j, st.tokens[j]) for j in st.cached] + st.pending   # P_{t-1} in acceptance order
-        group = []
+        context, group = ctx.pairs(), []   # P_{t-1} in acceptance order
         for j in it.order[:it.accepted]:
             group.append((j, predict(model, prompt, context + group, j)))
-        st.commit_unverified(group, it.window, rows=0)
-    if not st.done:
+        ctx.append(group)
+    if not ctx.done:
         raise ValueError("trace: the replayed iterations do not fill positions 0..E")
-    return st.output()
+    return ctx.tokens[:ctx.end + 1]

@@ -1,17 +1,21 @@
-"""Any-order decoding state and the rules of paper Alg. 3 that every any-order schedule shares.
+"""Any-order decoding state on the device (paper Alg. 3) and the per-iteration trace read at the end.
 
-Output positions are numbered 0..L-1 after the prompt and keep their token wherever in the order it
-was accepted. The KV cache holds the prompt and then accepted tokens in acceptance order (each row
-saw exactly the rows before it, which is what the ordered context P_t means); accepted tokens whose
-K/V are not computed yet (a correction predicted by a mask row) wait in `pending` and enter the next
-call as its N rows.
+Output positions are numbered 0..L-1 after the prompt; a token keeps its position wherever in the
+order it was accepted. P_t, the prompt followed by the accepted (position, token) pairs in acceptance
+order, is `acc_pos[:n_acc]` with the tokens in `out`. The KV cache holds the prompt and the first
+`n_cached` of those pairs (each row saw exactly the rows before it: the ordered context); the rest,
+`acc_pos[n_cached:n_acc]`, are accepted tokens whose K/V are not computed yet (a verifier's correction,
+or rows re-queued after a stop truncated P_t) and enter the next call as its N rows.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
+
+import torch
 
 ORDERS = ("ltr", "confidence")
+TRACE = ("window", "accepted", "drafts_accepted", "pending_rows", "rows")   # columns of `trace_stats`
 
 
 @dataclass
@@ -22,121 +26,94 @@ class Iteration:
     accepted: int         # A_t, before the stopping rule
     drafts_accepted: int  # h_t: accepted draft tokens (the rest of A_t is the verifier's own token)
     pending_rows: int     # p: rows of N this iteration processed
-    rows: int             # token rows evaluated, summed over the iteration's calls
+    rows: int             # live token rows evaluated, summed over the iteration's calls
 
 
 @dataclass
 class AnyOrderState:
-    prompt_len: int
-    limit: int                                    # L: output positions 0..L-1
-    stop_sequences: list[tuple[int, ...]]
-    end: int = -1                                 # E: last position to generate (0-based)
-    tokens: list[int | None] = field(default_factory=list)
-    cached: list[int] = field(default_factory=list)            # output position of each cache row after the prompt
-    pending: list[tuple[int, int]] = field(default_factory=list)   # (position, token), in acceptance order
-    draft: dict[int, int] = field(default_factory=dict)
-    score: dict[int, float] = field(default_factory=dict)
-    q: dict[int, tuple] = field(default_factory=dict)         # sampled drafts: the sparse Q each was drawn from
-    nfe: int = 0
-    reprocessed: int = 0          # cache rows re-queued because a stop dropped a token they saw
-    trace: list[Iteration] = field(default_factory=list)
+    """Every tensor an iteration reads or writes; the host reads `done`, `hold`, `n_out` and `out[:n_out]`.
 
-    def __post_init__(self):
-        self.end = self.limit - 1
-        self.tokens = [None] * self.limit
+    `out[j]` is the token accepted at position j (-1: unresolved); `out[:n_out]` is the resolved prefix of
+    positions 0..E (E = `end`), the final output so far. Draft slots hold D_t: `draft_pos` (-1: empty),
+    `draft_tok` (-1: a score without a token, Linear-SS), `draft_score` (nan: none) and the sparse Q each
+    sampled draft was drawn from. `rank_pos` is pi_t of the next call (-1 after u_t), chosen when the
+    previous iteration ended. `stops` [S, Ls]: stop tokens and sequences, right-aligned, -1 matching any
+    token on the left, -2 (a row that matches nothing) in unused slots. `hold` asks the host for
+    `resume()`: more pending rows than the fixed call has N slots for.
+    """
+    prompt_len: torch.Tensor
+    end: torch.Tensor
+    out: torch.Tensor
+    n_out: torch.Tensor
+    acc_pos: torch.Tensor
+    n_acc: torch.Tensor
+    n_cached: torch.Tensor
+    draft_pos: torch.Tensor
+    draft_tok: torch.Tensor
+    draft_score: torch.Tensor
+    q_idx: torch.Tensor
+    q_prob: torch.Tensor
+    rank_pos: torch.Tensor
+    seed: torch.Tensor
+    offset: torch.Tensor
+    stops: torch.Tensor
+    done: torch.Tensor
+    hold: torch.Tensor
+    nfe: torch.Tensor
+    n_verify: torch.Tensor
+    n_accepted: torch.Tensor
+    n_iter: torch.Tensor
+    trace_order: torch.Tensor   # [T, W] pi_t per iteration (-1 padded)
+    trace_stats: torch.Tensor   # [T, 5] the TRACE columns per iteration
 
-    @property
-    def cache_len(self) -> int:
-        return self.prompt_len + len(self.cached)
+    @classmethod
+    def new(cls, width: int, support: int, prompt_len: int, max_new: int, seed: int,
+            stops: list[tuple[int, ...]], device, out_len: int | None = None,
+            stop_shape: tuple[int, int] | None = None) -> AnyOrderState:
+        """A fresh state. `out_len` and `stop_shape` (rows, length) fix the buffer shapes so that states of
+        different requests share them; the trace has one row per possible iteration (each resolves at least
+        one position)."""
+        n_stop, stop_len = stop_shape or (0, 1)
+        n_stop, stop_len = max(n_stop, len(stops)), max([stop_len, *map(len, stops)])
+        table = [[-1] * (stop_len - len(s)) + list(s) for s in stops]
+        table += [[-1] * (stop_len - 1) + [-2]] * (n_stop - len(table))
+        out_len = max(out_len or 0, max_new)
 
-    @property
-    def done(self) -> bool:
-        return all(t is not None for t in self.tokens[:self.end + 1])
+        def scalar(v, dtype=torch.int64):
+            return torch.tensor(v, dtype=dtype, device=device)
 
-    def output(self) -> list[int]:
-        return self.tokens[:self.end + 1]
+        def full(shape, v, dtype=torch.int64):
+            return torch.full(shape, v, dtype=dtype, device=device)
+        return cls(
+            prompt_len=scalar(prompt_len), end=scalar(max_new - 1), out=full((out_len,), -1), n_out=scalar(0),
+            acc_pos=full((out_len,), -1), n_acc=scalar(0), n_cached=scalar(0),
+            draft_pos=full((width,), -1), draft_tok=full((width,), -1),
+            draft_score=full((width,), math.nan, torch.float64),
+            q_idx=full((width, support), 0), q_prob=full((width, support), 0.0, torch.float64),
+            rank_pos=full((width,), -1), seed=scalar(seed), offset=scalar(0),
+            stops=torch.tensor(table, dtype=torch.int64, device=device).view(n_stop, stop_len),
+            done=scalar(False, torch.bool), hold=scalar(False, torch.bool),
+            nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_iter=scalar(0),
+            trace_order=full((out_len, width), -1), trace_stats=full((out_len, len(TRACE)), 0),
+        )
 
-    def window(self, width: int) -> list[int]:
-        """U_t: the unresolved positions among the W starting at the leftmost unresolved one (Alg. 3 l. 3-4)."""
-        left = next(j for j in range(self.end + 1) if self.tokens[j] is None)
-        return [j for j in range(left, min(self.end, left + width - 1) + 1) if self.tokens[j] is None]
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def order(self, window: list[int], policy: str) -> list[int]:
-        """pi_t: LTR, or decreasing confidence with ties by position and unscored positions last (E.6)."""
-        if policy == "ltr":
-            return list(window)
-        scored = [j for j in window if math.isfinite(self.score.get(j, math.nan))]
-        rest = [j for j in window if j not in scored]
-        return sorted(scored, key=lambda j: (-self.score[j], j)) + rest
+    def copy_(self, other: AnyOrderState) -> AnyOrderState:
+        """Overwrite every field in place (same shapes): a persistent state keeps its addresses."""
+        for name, value in other.tensors().items():
+            getattr(self, name).copy_(value)
+        return self
 
-    def set_draft(self, positions, tokens, scores, q=None) -> None:
-        """D_t: proposals at the positions still unresolved and not beyond E (Alg. 3 l. 14-15), with
-        their scores and, when sampled, the distributions they were drawn from."""
-        self.draft, self.score, self.q = {}, {}, {}
-        for i, (j, t, s) in enumerate(zip(positions, tokens, scores)):
-            if self.tokens[j] is None and j <= self.end:
-                self.draft[j], self.score[j] = t, s
-                if q is not None:
-                    self.q[j] = (q[0][i], q[1][i])
+    def assign(self, active: torch.Tensor, **values: torch.Tensor) -> None:
+        """In-place update of the named fields, only where `active` (a finished or held state stays put)."""
+        for name, value in values.items():
+            t = getattr(self, name)
+            t.copy_(torch.where(active, value.to(t.dtype), t))
 
-    def keep_scores(self, positions, scores) -> None:
-        """Scores without drafts (Linear-SS orders by the previous verifier's confidence, E.6)."""
-        self.draft, self.q = {}, {}
-        self.score = {j: s for j, s in zip(positions, scores) if self.tokens[j] is None and j <= self.end}
-
-    def commit_unverified(self, pairs: list[tuple[int, int]], window: int, rows: int) -> None:
-        """Accept tokens predicted by mask rows without verification (AR steps, the native decoder)."""
-        self.trace.append(Iteration([j for j, _ in pairs], window, len(pairs), 0, len(self.pending), rows))
-        self.cached += [j for j, _ in self.pending]
-        self.pending = list(pairs)
-        for j, t in pairs:
-            self.tokens[j] = t
-        self.apply_stops()
-
-    def accept(self, order: list[int], verified: list[int], rows: int, h: int | None = None) -> int:
-        """Accept matching drafts in rank order, then the verifier token at the first miss (Alg. 3 l. 9-13).
-
-        `verified[r]` is the verifier's token at rank r; under sampling, `h` (the drafts accepted by
-        rejection sampling) is given and verified[h] is the residual or fresh draw. The iteration wrote
-        the pending rows and then the O rows (rank order) into the cache in place: the accepted drafts'
-        rows stay (their K/V saw exactly the tokens before them in acceptance order), the verifier's own
-        token waits in `pending`. Returns A_t.
-        """
-        u = len(order)
-        if h is None:
-            h = 0
-            while h < u and self.draft.get(order[h]) == verified[h]:
-                h += 1
-        a = min(h + 1, u)
-        self.trace.append(Iteration(list(order), u, a, h, len(self.pending), rows))
-        self.cached += [j for j, _ in self.pending] + order[:h]
-        self.pending = [] if h >= u else [(order[h], verified[h])]
-        for r in range(a):
-            self.tokens[order[r]] = verified[r]
-        self.apply_stops()
-        return a
-
-    def apply_stops(self) -> None:
-        """E <- end of the earliest fully accepted stop sequence; drop everything after E (Alg. 3 l. 11-12).
-
-        Cache rows after a dropped one saw it, so they leave the cache and are processed again as
-        pending rows (in the same order), which keeps the cache equal to the ordered context P_t."""
-        end = self.end
-        for seq in self.stop_sequences:
-            n = len(seq)
-            for e in range(n - 1, end + 1):
-                if all(self.tokens[e - n + 1 + i] == seq[i] for i in range(n)):
-                    end = min(end, e)
-                    break
-        if end == self.end:
-            return
-        self.end = end
-        for j in range(end + 1, self.limit):
-            self.tokens[j] = None
-        first = next((i for i, j in enumerate(self.cached) if j > end), len(self.cached))
-        redo = [(j, self.tokens[j]) for j in self.cached[first:] if j <= end]
-        self.cached = self.cached[:first]
-        self.reprocessed += len(redo)
-        self.pending = redo + [(j, t) for j, t in self.pending if j <= end]
-        self.draft = {j: t for j, t in self.draft.items() if j <= end}
-        self.q = {j: q for j, q in self.q.items() if j <= end}
+    def iterations(self, fetch=torch.Tensor.tolist) -> list[Iteration]:
+        """The trace, read from the device at the end (`fetch(tensor)`: its values on the host)."""
+        n, width = fetch(self.n_iter), self.trace_order.shape[1]
+        rows = fetch(torch.cat([self.trace_order[:n], self.trace_stats[:n]], 1))
+        return [Iteration([j for j in row[:width] if j >= 0], *row[width:]) for row in rows]

@@ -1,0 +1,29 @@
+"""Left-to-right decoding: [N | a mask at the leftmost unresolved position] (2 rows), greedy or sampled.
+Live rows: p + 1."""
+from ....runtime import Step
+from ...sampling import sample_sparse, truncated_probs
+from ..call import Rows
+from ..rules import commit, pending, window_size
+from .base import AnyOrderSchedule
+
+
+class AR(AnyOrderSchedule):
+    name = "ar"
+    verifies = False
+
+    def __init__(self, model, width, params, order="ltr", n_pending=None):
+        super().__init__(model, 1, params, "ltr", n_pending)   # a window of one position
+
+    def build(self):
+        self.rows = Rows(self.device, self.mask_id, self.n_pending, 0, 1)
+        return [Step(self.inputs, self.update)]
+
+    def inputs(self, st):
+        return self.rows.build(st, st.rank_pos, (pending(st) - 1).expand(1))
+
+    def update(self, st, logits):
+        active, p, u = self.active(st), pending(st), window_size(st)
+        rand, row = self.uniforms(st, active), logits[-1]
+        token = row.argmax() if rand is None else sample_sparse(*truncated_probs(row, self.params), rand[0])
+        commit(st, active, st.rank_pos, token[None], self.ranks >= 0, n_cached=st.n_acc)
+        self.close(st, active, u, u, 0 * u, p, rows=p + 1)

@@ -1,0 +1,146 @@
+"""What every any-order schedule shares: the state, the prompt call, drafting, verification and the end
+of an iteration (paper Alg. 3, E.2, E.6)."""
+from __future__ import annotations
+
+import torch
+
+from ....model.attention import Layout
+from ....runtime import ModelInput, Request, Step
+from ...acceptance import verify_sampled
+from ...sampling import (
+    SamplingParams,
+    densify,
+    philox_uniform,
+    sample_sparse,
+    take,
+    truncated_probs,
+)
+from ..rules import commit, drafts, hold_if_crowded, pending, plan, record, window_size
+from ..state import AnyOrderState
+
+
+def confidence(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The probability each row gives its token (a draft's or a verifier's confidence score, E.6)."""
+    return logits.float().softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class AnyOrderSchedule:
+    """prefill(prompt) caches the prompt in one counted call (E.2); `steps` are one iteration of Alg. 3.
+
+    Every call has a fixed shape: `n_pending` N slots (1; the native decoder W), W O slots where the
+    schedule verifies, then its mask queries; rows beyond p and u_t are inert padding. An iteration that
+    leaves more rows pending than that (a stop sequence truncated P_t after cache rows had seen a dropped
+    token) sets `hold`, and `resume()` runs the next iteration with a call wide enough for them. Sampling
+    draws uniforms from Philox keyed by (seed, offset), the offset advancing once per call: [0, u_t] for
+    acceptance and the residual or fresh draw, [W+1, 2W+1) for drafts.
+    """
+    name = ""
+    verifies = True   # counts toward n_verify / n_accepted
+
+    def __init__(self, model, width: int, params: SamplingParams, order: str = "ltr", n_pending: int | None = None):
+        self.model, self.width, self.params, self.order = model, width, params, order
+        self.n_pending = n_pending or self.pending_slots()
+        self.device, self.mask_id = model.device, model.cfg.mask_token_id
+        self.block = width + 1   # an iteration resolves positions of a window that starts at n_out
+        self.ranks = torch.arange(width, device=self.device)
+        self.steps: list[Step] = self.build()
+        self.reserve = self.n_pending + width   # cache slots a call may write past the output: its anchors
+
+    def pending_slots(self) -> int:
+        return 1
+
+    def build(self) -> list[Step]:
+        raise NotImplementedError
+
+    def new_state(self, request: Request, out_len: int | None = None, stop_slots: int | None = None,
+                  sequence_slots: tuple[int, int] | None = None) -> AnyOrderState:
+        """Stop ids are stop sequences of length 1: one table of stop_slots + sequence_slots[0] rows."""
+        support = 1 if self.params.greedy else self.params.support(self.model.cfg.vocab_size)
+        stops = [(t,) for t in request.stop_ids] + [tuple(s) for s in request.stop_sequences]
+        n_seq, seq_len = sequence_slots or (0, 1)
+        return AnyOrderState.new(self.width, support, len(request.prompt), request.max_new_tokens, request.seed,
+                                 stops, self.device, out_len, ((stop_slots or 0) + n_seq, seq_len))
+
+    def prefill(self, prompt: torch.Tensor) -> Step:
+        """The prompt as causal anchors at positions 0..n0-1 (one counted call), then the first window."""
+        anchors = torch.arange(prompt.numel(), device=self.device)
+        layout = Layout(prompt.numel(), torch.zeros_like(anchors), anchors)
+        zero = torch.zeros((), dtype=torch.int64, device=self.device)
+
+        def update(st: AnyOrderState, logits: torch.Tensor) -> None:
+            active = self.active(st)
+            st.assign(active, nfe=st.nfe + 1)
+            plan(st, self.order, active)
+        return Step(lambda st: ModelInput(prompt, anchors, layout, zero), update)
+
+    def resume(self, st: AnyOrderState, call) -> None:
+        """While held: run the next iteration with every pending row in its N region (host reads allowed)."""
+        while bool(st.hold) and not bool(st.done):
+            wide = type(self)(self.model, self.width, self.params, self.order, n_pending=int(pending(st)))
+            st.hold.fill_(False)
+            for step in wide.steps:
+                step.update(st, call(step.inputs(st)))
+
+    def finish(self, st: AnyOrderState, fetch) -> dict:
+        return {"iterations": st.iterations(fetch)}
+
+    # -- helpers of the steps ----------------------------------------------------------------------------
+    @staticmethod
+    def active(st: AnyOrderState) -> torch.Tensor:
+        return ~(st.done | st.hold)
+
+    def uniforms(self, st: AnyOrderState, active) -> torch.Tensor | None:
+        """This call's uniforms (None when greedy); the offset advances once per call, on the device."""
+        if self.params.greedy:
+            return None
+        u = philox_uniform(st.seed, st.offset, 2 * self.width + 2)
+        st.assign(active, offset=st.offset + 1)
+        return u
+
+    def old_tokens(self, st: AnyOrderState) -> torch.Tensor:
+        """O: D_{t-1} at each rank of pi_t, a mask where a rank has no draft."""
+        tok = drafts(st)[0]
+        return torch.where(tok >= 0, tok, self.mask_id)
+
+    def propose(self, logits: torch.Tensor, u: torch.Tensor | None):
+        """Drafts from mask rows in rank order (line 8): (tokens, scores, sparse Q or None, None); a score is
+        the probability the proposal gave its own token."""
+        if u is None:
+            z = logits.argmax(-1)
+            return z, confidence(logits, z), None, None
+        idx, prob = truncated_probs(logits, self.params)
+        z = sample_sparse(idx, prob, u[self.width + 1: 2 * self.width + 1])
+        return z, (prob * (idx == z[:, None])).sum(-1), idx, prob
+
+    def verify(self, st: AnyOrderState, logits: torch.Tensor, u: torch.Tensor | None):
+        """(token at each rank, h_t) from the verifier rows M in rank order (lines 7, 9).
+
+        Greedy: the argmax, h = leading ranks whose draft equals it. Sampled: rejection sampling against each
+        draft's stored Q up to kappa_t; a rank without a draft is drawn from p. verify_sampled reads one row
+        and uniform after its W drafts (the LTR bonus): they are the last M row and u[u_t], the uniform of
+        the residual; with all u_t drafts accepted Alg. 3 takes no extra token, and that draw is dropped."""
+        tok, kappa, q_idx, q_prob = drafts(st)
+        if u is None:
+            v = logits.argmax(-1)
+            return v, (tok == v).long().cumprod(0).sum()
+        p = densify(*truncated_probs(torch.cat([logits, logits[-1:]]), self.params), logits.shape[-1])
+        uniforms = torch.cat([u[:self.width], take(u, window_size(st))[None]])
+        emitted, a = verify_sampled(torch.where(tok >= 0, tok, 0), kappa, q_idx, q_prob, p, uniforms)
+        return emitted[:self.width], a - 1
+
+    def accept(self, st: AnyOrderState, active, verified, h) -> torch.Tensor:
+        """Lines 10-13: accept ranks < A_t = min(h_t + 1, u_t); N and the O rows of ranks < h_t stay in the
+        cache (written in place: a cache-length advance), the verifier's own token waits as pending."""
+        a = torch.minimum(h + 1, window_size(st))
+        commit(st, active, st.rank_pos, verified, self.ranks < a, n_cached=st.n_acc + h)
+        return a
+
+    def close(self, st: AnyOrderState, active, u, a, h, p, rows, order=None) -> None:
+        """The iteration's trace row and counters, then pi_{t+1} (chosen before the next call) and `hold`."""
+        record(st, active, st.rank_pos if order is None else order,
+               window=u, accepted=a, drafts_accepted=h, pending_rows=p, rows=rows)
+        st.assign(active, nfe=st.nfe + 1)
+        if self.verifies:
+            st.assign(active, n_verify=st.n_verify + 1, n_accepted=st.n_accepted + h)
+        plan(st, self.order, active)
+        hold_if_crowded(st, active, self.n_pending)

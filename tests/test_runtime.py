@@ -1,0 +1,85 @@
+"""The runtime's loop logic on the CPU: the CUDA-graph mode (capture and events replaced by stand-ins, the
+poll reading one iteration late) decodes exactly as the eager loop, for every left-to-right and any-order
+schedule, across requests that reuse the persistent state with other lengths, seeds and stops."""
+import functools
+import math
+
+import pytest
+import torch
+from tiny_models import checkpoint
+
+import packed_ss
+import packed_ss.runtime.graphs as graphs_mod
+import packed_ss.runtime.poll as poll_mod
+from packed_ss.decode.epilogue import native_available
+from packed_ss.decode.sampling import SamplingParams
+
+PROMPT = [3, 17, 42, 8, 9]
+EPILOGUES = [pytest.param("native", marks=pytest.mark.skipif(not native_available("cpu"),
+                                                             reason="native epilogue not built")), "torch"]
+
+
+@pytest.fixture
+def eager_graphs(monkeypatch):
+    """Engine(cuda_graph=True) on the CPU: capture returns the iteration itself, the poll reads one late.
+    Yields the list of iterations run through the graph stand-in (warm-ups and replays)."""
+    replays = []
+
+    def capture(run):
+        def replay():
+            replays.append(1)
+            run()
+        return replay
+
+    monkeypatch.setattr(graphs_mod, "warm_up", lambda run: (replays.append(1), run()))
+    monkeypatch.setattr(graphs_mod, "capture", capture)
+    monkeypatch.setattr(poll_mod.Poll, "__init__", functools.partialmethod(poll_mod.Poll.__init__, lag=1))
+    return replays
+
+
+def _check_graph_loop(eager, graphed, replays, requests):
+    graphed.runtime.mode = "graph"     # the CPU stand-ins replace capture (fixture)
+    for i, req in enumerate(requests * 2):
+        kwargs = dict(req, seed=i)
+        prompt = kwargs.pop("prompt")
+        want = eager.generate(prompt, **kwargs)
+        del replays[:]
+        got = graphed.generate(prompt, **kwargs)
+        assert got.tokens == want.tokens, (i, got.tokens, want.tokens)
+        assert (got.nfe, got.n_verify, got.n_accepted) == (want.nfe, want.n_verify, want.n_accepted)
+        assert got.iterations == want.iterations
+        assert math.isnan(got.model_s)
+        params = SamplingParams(float(kwargs.get("temperature", 0.0)), kwargs.get("top_k"))
+        steps = len(graphed.program(params).steps)
+        calls = want.nfe - 1                      # eager iterations after the prefill, in model calls
+        assert len(replays) <= -(-calls // steps) + 1, (len(replays), calls)   # at most one of overshoot
+
+
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_graph_loop_matches_eager(eager_graphs, schedule, epilogue):
+    """Persistent state reset per request, stop flag polled one iteration late (at most one no-op
+    iteration of overshoot), reuse across requests with other lengths, seeds, stop ids and sequences."""
+    model = packed_ss.load_model(checkpoint("llama-gqa"), dtype=torch.float32)
+    engines = [packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue) for _ in range(2)]
+    _check_graph_loop(*engines, eager_graphs, [
+        dict(prompt=PROMPT, max_new_tokens=30, eos_token_id=[]),
+        dict(prompt=list(range(1, 20)), max_new_tokens=25, eos_token_id=None, temperature=1.0),
+        dict(prompt=PROMPT[:2], max_new_tokens=1, eos_token_id=[]),
+        dict(prompt=PROMPT, max_new_tokens=20, stop_token_ids=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
+             temperature=0.9, top_k=8),
+        dict(prompt=PROMPT, max_new_tokens=30, eos_token_id=[], stop_sequences=[[20, 21], [7, 7, 7]])])
+
+
+@pytest.mark.parametrize("schedule,order", [("packed", "ltr"), ("packed", "confidence"), ("linear", "confidence"),
+                                            ("quadratic", "ltr"), ("native", None), ("ar", None)])
+def test_any_order_graph_loop_matches_eager(eager_graphs, schedule, order):
+    model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), dtype=torch.float32)
+    engines = [packed_ss.Engine(model, schedule=schedule, width=3, order=order) for _ in range(2)]
+    sampled = [] if order == "confidence" or schedule == "native" else [
+        dict(prompt=list(range(1, 20)), max_new_tokens=25, eos_token_id=[], temperature=1.0, top_k=8)]
+    _check_graph_loop(*engines, eager_graphs, [
+        dict(prompt=PROMPT, max_new_tokens=30, eos_token_id=[]),
+        dict(prompt=PROMPT[:2], max_new_tokens=1, eos_token_id=[]),
+        dict(prompt=PROMPT, max_new_tokens=24, eos_token_id=[], stop_sequences=[[20, 21], [7, 7, 7]]),
+        *sampled])

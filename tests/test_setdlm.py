@@ -103,3 +103,12 @@ def test_arbitrary_pickle_refused_unless_unsafe(wrapper, tmp_path):
         packed_ss.load_model(src)
     assert main(["convert", "setdlm", str(src), str(tmp_path / "dst"), "--unsafe-pickle"]) == 0
     assert packed_ss.load_model(tmp_path / "dst").cfg.any_order
+
+
+def test_wrapper_decodes_compiled(wrapper):
+    """The mask-logit suppression is an in-graph write: a compiled step decodes the same tokens."""
+    model = packed_ss.load_model(wrapper)
+    torch._dynamo.reset()
+    eager = packed_ss.Engine(model, "packed", width=3, order="confidence").generate(PROMPTS[0], 12, eos_token_id=[])
+    compiled = packed_ss.Engine(model, "packed", width=3, order="confidence", compile="aot_eager")
+    assert compiled.generate(PROMPTS[0], 12, eos_token_id=[]).tokens == eager.tokens

@@ -1,6 +1,7 @@
 """Command line: `python -m packed_ss generate PROMPT` decodes with every schedule and compares them;
 `python -m packed_ss bench ...` runs the schedule benchmark (packed_ss/lab/bench/schedules.py) and
-`python -m packed_ss bench-any-order ...` the any-order one (packed_ss/lab/bench/any_order.py)."""
+`python -m packed_ss bench-any-order ...` the any-order one (packed_ss/lab/bench/any_order.py);
+`python -m packed_ss convert setdlm SRC DST` rewrites a SetDLM checkpoint as a safetensors directory."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,7 @@ from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.schedules import SCHEDULES
 from .engine import MAX_WIDTH, Engine
 from .model.loading import default_model_path, load_model
+from .model.setdlm import convert
 from .model.tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
@@ -42,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "continuation for every schedule; sampling follows the same distribution.")
     gen.add_argument("prompt", help="text to continue, e.g. 'def fibonacci(n):'")
     gen.add_argument("--model", default=None,
-                     help="local model directory (HF or Nemotron-Labs-Diffusion layout with tokenizer.json), "
+                     help="local model directory (HF, Nemotron-Labs-Diffusion or SetDLM layout with tokenizer.json), "
                           "or the name of a shipped model: 'default' (the tiny code model, the default) or "
                           "'any-order' (its SetDLM-style any-order sibling)")
     gen.add_argument("--schedule", choices=["all", *SCHEDULES, "native"], default="all",
@@ -52,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--order", choices=ORDERS, default=None,
                      help="any-order models: verification order of linear / quadratic / packed, ltr "
                           "(default: output equals AR greedy) or confidence (likeliest drafts first)")
-    gen.add_argument("--width", type=_positive_int, default=8,
-                     help=f"speculative width W, 1..{MAX_WIDTH}: draft tokens verified per call (block B = W+1)")
+    gen.add_argument("--width", type=_positive_int, default=None,
+                     help=f"speculative width W, 1..{MAX_WIDTH}: draft tokens verified per call (block B = W+1); "
+                          "default the model's block_size - 1 where its config declares one, else 8")
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128,
                      help="stop after this many generated tokens (default 128)")
     gen.add_argument("--temperature", type=float, default=0.0,
@@ -62,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=None,
                      help="sample only from the smallest set of tokens with this much probability, in (0, 1]")
     gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
-    gen.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
+    gen.add_argument("--dtype", choices=DTYPES, default=None,
+                     help="model dtype (default: the checkpoint's torch_dtype on CUDA, float32 on the CPU)")
+    gen.add_argument("--no-draft-adapter", action="store_true",
+                     help="ignore the drafting LoRA the model ships (linear_spec_lora/); it only changes the drafts")
     gen.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     gen.add_argument("--stream", action="store_true",
                      help="print the continuation as the decoder accepts it, with one schedule (packed "
@@ -77,6 +83,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "bench", add_help=False, help="benchmark the schedules (throughput, intervals, peers; see bench --help)",
         description="Forwards every argument to the benchmark (packed_ss/lab/bench/schedules.py).")
+    conv = sub.add_parser(
+        "convert", help="rewrite a checkpoint as a safetensors directory that loads fast (convert setdlm --help)",
+        description="Rewrite a checkpoint in another project's layout as an HF-style safetensors directory.")
+    kinds = conv.add_subparsers(dest="kind", required=True)
+    set_p = kinds.add_parser(
+        "setdlm", help="a SetDLM checkpoint as kuleshov-group/setdlms saves it",
+        description="Read the SetDLM denoiser wrapper (config.json with a backbone_config, pytorch_model.bin or "
+                    "a composer .pt) and write DST: config.json with the backbone's dimensions, "
+                    "model.safetensors (the same tensors, bit for bit) and the tokenizer files.")
+    set_p.add_argument("src", help="the SetDLM checkpoint directory")
+    set_p.add_argument("dst", help="output directory (created)")
+    set_p.add_argument("--backbone", default=None,
+                       help="local directory of the Qwen3 base model (its config.json); default: the wrapper's "
+                            "backbone_config.pretrained_model_name_or_path, as a directory or in the local HF cache")
+    set_p.add_argument("--unsafe-pickle", action="store_true",
+                       help="allow a pickle file that torch.load(weights_only=True) refuses: this RUNS CODE FROM "
+                            "THE FILE; only for checkpoints you trust")
     return parser
 
 
@@ -85,7 +108,8 @@ def generate(args) -> int:
     torch.set_num_threads(args.threads)
     path = model_path(args.model)
     log(f"loading model {path} ...")
-    model = load_model(path, device=args.device, dtype=DTYPES[args.dtype])
+    model = load_model(path, device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None,
+                       draft_adapter=None if args.no_draft_adapter else "auto")
     tokenizer = load_tokenizer(path)
     prompt = tokenizer.encode(args.prompt).ids
     every = ANY_ORDER_SCHEDULES if model.cfg.any_order else SCHEDULES
@@ -102,7 +126,7 @@ def generate(args) -> int:
     for name in schedules:
         order = args.order if name not in ("ar", "native") else None
         engine = Engine(model, schedule=name, width=args.width, order=order)
-        log(f"decoding with {name} (W={args.width}) ...")
+        log(f"decoding with {name} (W={engine.width}) ...")
         start = time.perf_counter()
         res = engine.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -159,6 +183,9 @@ def main(argv=None) -> int:
         return bench_any_order_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "convert":
+            print(convert(args.src, args.dst, args.backbone, args.unsafe_pickle))
+            return 0
         return generate(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

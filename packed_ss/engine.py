@@ -18,6 +18,7 @@ from .model.dual_mode import DualModeModel
 from .runtime import GenerateResult, Request, Runtime
 
 MAX_WIDTH = 64
+DEFAULT_WIDTH = 8
 
 
 def _check_int(name, value, low, high=None):
@@ -35,10 +36,12 @@ def _token_ids(name: str, ids, vocab: int) -> list[int]:
 class Engine:
     """Generates with one schedule and width on one model; reusable across `generate` / `stream` calls."""
 
-    def __init__(self, model: DualModeModel, schedule: str = "packed", width: int = 8,
+    def __init__(self, model: DualModeModel, schedule: str = "packed", width: int | None = None,
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
                  epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None):
-        """`compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
+        """`width`: draft tokens verified per call; default the model's `block_size - 1` where its config
+        declares one (capped at MAX_WIDTH), else 8.
+        `compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
         torch.compile backend name); `max_seq_len` caps prompt + new tokens (default: the model's).
 
         `epilogue`: "native" ends each step (acceptance, residual / bonus draw, emit, retain) in one call
@@ -63,6 +66,8 @@ class Engine:
         if order not in (None, "ltr") and (not any_order or schedule in ("ar", "native")):
             raise ValueError(f"order={order!r} needs an any-order model and schedule packed, linear or "
                              f"quadratic; got schedule {schedule!r} on a model with any_order={any_order}")
+        if width is None:
+            width = min(model.cfg.block_size - 1, MAX_WIDTH) if model.cfg.block_size else DEFAULT_WIDTH
         _check_int("width", width, 1, MAX_WIDTH)
         if epilogue is not None and epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {tuple(EPILOGUES)} or None, got {epilogue!r}")

@@ -248,7 +248,7 @@ def test_errors(random_model):
 
 
 @pytest.mark.parametrize("marker", [{"any_order": True}, {"model_type": "setdlm"},
-                                    {"architectures": ["SetDLMForCausalLM"]}])
+                                    {"architectures": ["SetDLM"]}])
 def test_setdlm_directory(tmp_path, marker):
     """A SetDLM-style directory: any-order by flag or by name, its mask token named only by the tokenizer."""
     src = default_model_path("any-order")

@@ -8,6 +8,7 @@
 3. Engine(cuda_graph=True) emits the tokens of eager decoding, for every schedule, greedy and sampled,
    with either epilogue, across repeated requests on one engine (captured graphs reused).
 4. Any-order decoding through the fused kernel equals the serial reference of Proposition C.1.
+5. A drafting adapter stays live under graph replay (and changes the drafts).
 Every decode loop runs under torch.cuda.set_sync_debug_mode("error"): a step that synchronises with the
 host (.item(), nonzero, a blocking copy) fails the test; the loop's one read per iteration is an event wait
 on a pinned copy, which that mode allows.
@@ -136,3 +137,26 @@ def test_any_order_on_gpu_matches_serial_reference(schedule, order):
         if schedule != "native" and "temperature" not in kwargs:
             assert out.tokens == serial_reference(model, PROMPT, out.iterations, 24,
                                                   [tuple(s) for s in kwargs.get("stop_sequences", [])])
+
+
+@pytest.mark.parametrize("schedule", ["linear", "quadratic", "packed"])
+def test_drafting_adapter_live_under_graph_replay(schedule):
+    """A scaled-down Nemotron-Labs-Diffusion checkpoint with its drafting LoRA, in its own dtype (bfloat16 on
+    CUDA, the adapter in float32): graph replay keeps the adapter (same tokens, NFE and accepted counts as
+    eager), and the adapter matters (without it the drafts, hence NFE or accepted counts, differ)."""
+    from released_models import nld_checkpoint
+
+    path, _ = nld_checkpoint("3B")
+    model = packed_ss.load_model(path, device="cuda")
+    base = packed_ss.load_model(path, device="cuda", draft_adapter=None)
+    assert model.dtype == torch.bfloat16 and model.model.layers[0].self_attn.o_proj.lora.a.dtype == torch.float32
+
+    def runs(m, **engine):
+        e = packed_ss.Engine(m, schedule=schedule, width=8, **engine)
+        with no_sync():
+            out = [e.generate(p, max_new_tokens=48, eos_token_id=[]) for p in ([1, *PROMPT], [1, 60, 3, 120, 77]) * 2]
+        return [(r.tokens, r.nfe, r.n_accepted) for r in out]
+
+    eager = runs(model)
+    assert runs(model, cuda_graph=True) == eager
+    assert [r[1:] for r in runs(base, cuda_graph=True)] != [r[1:] for r in eager], "the adapter must change drafts"

@@ -3,7 +3,10 @@
 One call of the engine processes R rows. The first `n_anchor` rows are *anchors*: causal rows whose
 K/V belong in the cache (prompt rows, the verifier region, quadratic anchors). They are written in place
 into cache slots `cache_len .. cache_len + n_anchor - 1` before attention. The remaining rows are
-*scratch* rows (drafting masks); their K/V never touch the cache.
+*scratch* rows; their K/V never touch the cache. Rows `draft_from ..` are *drafting* rows, whose logits only
+become proposals: a drafting adapter (adapter.py) applies to them alone, so every other row computes the
+base model. In the left-to-right layouts the drafting rows are exactly the scratch rows; any-order layouts
+also have scratch rows that verify, which must stay base rows.
 
 The mask is never materialised by the caller; it follows from O(rows) metadata:
 - row r sees cache slot j  iff  j < cache_len + see[r] + 1   (anchors: see[r] = r, i.e. causal;
@@ -24,13 +27,14 @@ class Layout:
     n_anchor: int
     seg: torch.Tensor   # [R] int64, 0 for anchors, >= 1 for scratch rows
     see: torch.Tensor   # [R] int64, last visible anchor index relative to cache_len (-1: cache only)
+    draft_from: int | None = None   # rows >= draft_from are drafting rows (a static slice); None: none
 
     @property
     def rows(self) -> int:
         return self.seg.numel()
 
     def to(self, device) -> "Layout":
-        return Layout(self.n_anchor, self.seg.to(device), self.see.to(device))
+        return Layout(self.n_anchor, self.seg.to(device), self.see.to(device), self.draft_from)
 
 
 def dense_mask(layout: Layout, cache_len: torch.Tensor, capacity: int) -> torch.Tensor:

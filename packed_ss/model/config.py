@@ -1,9 +1,21 @@
-"""Model configuration: the subset of a HF / Nemotron config that the engine needs."""
+"""Model configuration: the subset of a checkpoint's config.json that the engine needs.
+
+The family comes from the config (`model_type`, `architectures`), never from weight names:
+- llama, mistral, qwen3 (per-head q/k RMSNorm), ministral3 (YaRN plus the Llama-4 query scale): HF
+  directories with a `mask_token_id`;
+- nemotron_labs_diffusion: Nemotron-Labs-Diffusion, a Ministral3 backbone stored as `encoder.*` with an
+  untied `diffusion_head`;
+- SetDLM (`architectures` ["SetDLM"]): a Qwen3 backbone decoded any-order, whose mask token is never
+  predicted (its logit is -inf on every row, as the authors' denoiser does).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen3", "ministral3")
+HF_FAMILIES = ("llama", "mistral", "qwen3", "ministral3")
+NLD = "nemotron_labs_diffusion"
+SETDLM = "setdlm"
+FAMILIES = (*HF_FAMILIES, NLD, SETDLM)
 
 
 @dataclass(frozen=True)
@@ -26,8 +38,11 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
     llama4_scaling: tuple[float, int] | None = None   # (beta, original_max_position_embeddings)
-    model_type: str = "llama"
+    model_type: str = "llama"   # the family, one of FAMILIES
     any_order: bool = False   # SetDLM-style: mask rows verify in any order (paper appendix C)
+    suppress_mask_logit: bool = False   # SetDLM: the mask token's logit is -inf on every row
+    block_size: int | None = None   # the block the model was trained to draft (the default width is B - 1)
+    torch_dtype: str | None = None  # the checkpoint's dtype ("bfloat16", ...): the default on CUDA
 
     @property
     def max_seq_len(self) -> int:
@@ -65,32 +80,50 @@ def _require(raw: dict, keys, where: str):
         raise ValueError(f"{where}: config.json lacks required field(s) {missing}")
 
 
-def is_any_order(raw: dict) -> bool:
-    """SetDLM-style checkpoints: `any_order: true`, or SetDLM named as model_type / architecture."""
-    names = [raw.get("model_type") or "", *(raw.get("architectures") or [])]
-    return bool(raw.get("any_order")) or any("setdlm" in str(n).lower() for n in names)
+def family(raw: dict, where: str) -> str:
+    """The model family named by `model_type` / `architectures` (see the module docstring)."""
+    model_type = str(raw.get("model_type") or "").lower()
+    architectures = [str(a) for a in raw.get("architectures") or []]
+    if "SetDLM" in architectures or model_type == SETDLM:
+        return SETDLM
+    if model_type == NLD or "NemotronLabsDiffusionModel" in architectures:
+        return NLD
+    if model_type in HF_FAMILIES:
+        return model_type
+    if model_type in ("bd3lm", "mdlm"):
+        raise ValueError(f"{where}: model_type {model_type!r} with architectures {architectures}: of the "
+                         "kuleshov-group denoisers only SetDLM (architectures ['SetDLM']) is supported")
+    raise ValueError(f"{where}: unsupported model_type {model_type or None!r} (architectures {architectures}); "
+                     f"supported: {FAMILIES}")
 
 
-def config_from_hf(raw: dict, where: str) -> ModelConfig:
-    """Parse a HF `config.json` (model_type llama / mistral / qwen3 / ministral3 plus a `mask_token_id`;
-    model_type setdlm is a Qwen3 backbone decoded any-order)."""
-    model_type = raw.get("model_type")
-    if str(model_type).lower() == "setdlm":
-        model_type = "qwen3"
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"{where}: unsupported model_type {model_type!r}; expected one of {SUPPORTED_MODEL_TYPES} "
-            "or the Nemotron-Labs-Diffusion layout (encoder.* weights)"
-        )
+def _torch_dtype(raw: dict) -> str | None:
+    dtype = raw.get("torch_dtype") or raw.get("dtype")
+    return str(dtype).removeprefix("torch.") if dtype else None
+
+
+def _check(raw: dict, where: str, kind: str) -> None:
+    """Refuse what the network does not implement."""
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{where}: model_type {kind!r} with hidden_act {act!r} is not supported (only 'silu', SwiGLU)")
+    paradigm = raw.get("dlm_paradigm", "bidirectional")
+    if kind == NLD and paradigm != "bidirectional":
+        raise ValueError(f"{where}: model_type {kind!r} with dlm_paradigm {paradigm!r} is not supported (only "
+                         "'bidirectional': mask rows of a block see each other)")
     if raw.get("mask_token_id") is None:
         raise ValueError(f"{where}: config.json has no mask_token_id; a dual-mode model needs one to draft")
     _require(raw, ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                    "intermediate_size"], where)
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"{where}: hidden_act {act!r} is not supported (only 'silu', SwiGLU)")
+
+
+def model_config(raw: dict, where: str) -> ModelConfig:
+    """Parse a config.json; a SetDLM wrapper must first be resolved to its backbone (setdlm.py)."""
+    kind = family(raw, where)
+    _check(raw, where, kind)
     heads = raw["num_attention_heads"]
     rope = _rope_parameters(raw)
+    scaled = kind in ("ministral3", NLD)
     return ModelConfig(
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
@@ -104,39 +137,15 @@ def config_from_hf(raw: dict, where: str) -> ModelConfig:
         eos_token_ids=_eos_ids(raw.get("eos_token_id")),
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
         rope_parameters=rope,
-        qk_norm=model_type == "qwen3",
+        qk_norm=kind in ("qwen3", SETDLM),
         attention_bias=bool(raw.get("attention_bias", False)),
         mlp_bias=bool(raw.get("mlp_bias", False)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
-        llama4_scaling=_llama4_scaling(rope) if model_type == "ministral3" else None,
-        model_type=model_type,
-        any_order=is_any_order(raw),
-    )
-
-
-NEMOTRON_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                 "head_dim", "intermediate_size", "rms_norm_eps", "vocab_size", "mask_token_id"]
-
-
-def config_from_nemotron(raw: dict, where: str) -> ModelConfig:
-    """Parse a Nemotron-Labs-Diffusion config (Ministral3 backbone, YaRN + Llama-4 query scale, untied head)."""
-    _require(raw, NEMOTRON_KEYS, where)
-    rope = _rope_parameters(raw)
-    return ModelConfig(
-        vocab_size=raw["vocab_size"],
-        hidden_size=raw["hidden_size"],
-        num_layers=raw["num_hidden_layers"],
-        num_heads=raw["num_attention_heads"],
-        num_kv_heads=raw["num_key_value_heads"],
-        head_dim=raw["head_dim"],
-        intermediate_size=raw["intermediate_size"],
-        rms_norm_eps=raw["rms_norm_eps"],
-        mask_token_id=raw["mask_token_id"],
-        eos_token_ids=_eos_ids(raw.get("eos_token_id", 11)),
-        max_position_embeddings=raw.get("max_position_embeddings", 262144),
-        rope_parameters=rope,
-        tie_word_embeddings=False,
-        llama4_scaling=_llama4_scaling(rope),
-        model_type="nemotron-diffusion",
+        llama4_scaling=_llama4_scaling(rope) if scaled else None,
+        model_type=kind,
+        any_order=kind == SETDLM or bool(raw.get("any_order")),   # any_order: the shipped any-order model
+        suppress_mask_logit=kind == SETDLM,
+        block_size=raw.get("block_size"),
+        torch_dtype=_torch_dtype(raw),
     )

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .adapter import Linear
 from .attention import Layout, packed_attention_ref
 from .config import ModelConfig
 from .rope import apply_rope, llama4_query_scale, rope_cos_sin, rope_inv_freq
@@ -34,38 +35,38 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         d, bias = cfg.head_dim, cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * d, cfg.hidden_size, bias=bias)
+        self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * d, bias=bias)
+        self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=bias)
+        self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * d, bias=bias)
+        self.o_proj = Linear(cfg.num_heads * d, cfg.hidden_size, bias=bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def forward(self, x, rope, q_scale, k_cache, v_cache, cache_len, layout, attend):
-        rows, d = x.shape[0], self.cfg.head_dim
-        q = self.q_proj(x).view(rows, -1, d)
-        k = self.k_proj(x).view(rows, -1, d)
-        v = self.v_proj(x).view(rows, -1, d)
+        rows, d, drafting = x.shape[0], self.cfg.head_dim, layout.draft_from
+        q = self.q_proj(x, drafting).view(rows, -1, d)
+        k = self.k_proj(x, drafting).view(rows, -1, d)
+        v = self.v_proj(x, drafting).view(rows, -1, d)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if q_scale is not None:
             q = q * q_scale
         out = attend(q, k, v, k_cache, v_cache, cache_len, layout, d ** -0.5)
-        return self.o_proj(out.reshape(rows, -1))
+        return self.o_proj(out.reshape(rows, -1), drafting)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         h, i, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
-        self.gate_proj = nn.Linear(h, i, bias=bias)
-        self.up_proj = nn.Linear(h, i, bias=bias)
-        self.down_proj = nn.Linear(i, h, bias=bias)
+        self.gate_proj = Linear(h, i, bias=bias)
+        self.up_proj = Linear(h, i, bias=bias)
+        self.down_proj = Linear(i, h, bias=bias)
 
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x, drafting: int | None):
+        return self.down_proj(F.silu(self.gate_proj(x, drafting)) * self.up_proj(x, drafting), drafting)
 
 
 class DecoderLayer(nn.Module):
@@ -79,7 +80,7 @@ class DecoderLayer(nn.Module):
     def forward(self, x, rope, q_scale, k_cache, v_cache, cache_len, layout, attend):
         x = x + self.self_attn(self.input_layernorm(x), rope, q_scale, k_cache, v_cache, cache_len,
                                layout, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), layout.draft_from)
 
 
 class Backbone(nn.Module):
@@ -139,7 +140,8 @@ class DualModeModel(nn.Module):
                 cache_len: torch.Tensor, attend=packed_attention_ref) -> torch.Tensor:
         """Logits [rows, vocab] for one packed call; anchors' K/V are written into `cache`.
 
-        `attend` is the packed-attention backend (torch reference or a fused kernel, same contract).
+        `attend` is the packed-attention backend (torch reference or a fused kernel, same contract). A
+        drafting adapter (adapter.py) applies to rows `layout.draft_from ..` only.
         """
         x = self.model.embed_tokens(tokens)
         rope = rope_cos_sin(self.inv_freq, self.rope_scaling, positions, x.dtype)
@@ -148,4 +150,7 @@ class DualModeModel(nn.Module):
             q_scale = llama4_query_scale(positions, *self.cfg.llama4_scaling, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, rope, q_scale, cache.k[i], cache.v[i], cache_len, layout, attend)
-        return self.lm_head(self.model.norm(x))
+        logits = self.lm_head(self.model.norm(x))
+        if self.cfg.suppress_mask_logit:   # SetDLM: the mask token is never a prediction, on any row
+            logits[:, self.cfg.mask_token_id] = float("-inf")
+        return logits

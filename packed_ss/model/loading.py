@@ -1,17 +1,25 @@
-"""Load a dual-mode checkpoint from a local directory (HF layout or Nemotron-Labs-Diffusion layout)."""
+"""Load a dual-mode checkpoint from a local directory, streaming its tensors straight into the model.
+
+The family comes from config.json (config.py); its on-disk names map onto the model's HF names:
+Nemotron-Labs-Diffusion's `encoder.*` / `diffusion_head.weight`, the SetDLM wrapper's `backbone.model.*`
+(setdlm.py), or HF names as they are. The model is built on the meta device and each tensor is read,
+cast and placed on the target device one at a time, so a load holds the model plus one tensor.
+A drafting adapter shipped with the model (adapter.py) is attached unless `draft_adapter=None`.
+"""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from torch import nn
 
-from .config import config_from_hf, config_from_nemotron
+from . import setdlm
+from .adapter import find_adapter, load_adapter
+from .config import NLD, ModelConfig, family, model_config
 from .dual_mode import DualModeModel
-
-NEMOTRON_PREFIX = "encoder."
-NEMOTRON_HEAD = "diffusion_head.weight"
+from .tensor_files import read_tensors, tensor_files
 
 
 def default_model_path(kind: str = "default") -> Path:
@@ -22,74 +30,82 @@ def default_model_path(kind: str = "default") -> Path:
     return path
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"path: no *.safetensors files in {path}")
-    tensors = {}
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                tensors[name] = f.get_tensor(name)
-    return tensors
+def nld_name(name: str) -> str:
+    """Nemotron-Labs-Diffusion: encoder.* -> model.*, diffusion_head.weight -> lm_head.weight (the untied
+    head of both modes)."""
+    if name == "diffusion_head.weight":
+        return "lm_head.weight"
+    return "model." + name.removeprefix("encoder.") if name.startswith("encoder.") else name
 
 
-def _nemotron_to_hf(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """encoder.* -> model.*, diffusion_head.weight -> lm_head.weight (the untied head of both modes)."""
-    out = {}
-    for name, t in tensors.items():
-        if name == NEMOTRON_HEAD:
-            out["lm_head.weight"] = t
-        elif name.startswith(NEMOTRON_PREFIX):
-            out["model." + name[len(NEMOTRON_PREFIX):]] = t
-        else:
-            out[name] = t
-    return out
+def default_dtype(cfg: ModelConfig, device) -> torch.dtype:
+    """The checkpoint's own dtype on CUDA, float32 elsewhere (half precision is slow on CPUs)."""
+    if torch.device(device).type != "cuda" or cfg.torch_dtype is None:
+        return torch.float32
+    dtype = getattr(torch, cfg.torch_dtype, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"config.json: torch_dtype {cfg.torch_dtype!r} is not a floating torch dtype")
+    return dtype
 
 
-def mask_token_from_tokenizer(path: Path) -> int | None:
-    """The id of the tokenizer's mask token (SetDLM checkpoints name it there, not in config.json)."""
-    tc_path, tok_path = path / "tokenizer_config.json", path / "tokenizer.json"
-    if not (tc_path.is_file() and tok_path.is_file()):
-        return None
-    mask = json.loads(tc_path.read_text()).get("mask_token")
-    mask = mask.get("content") if isinstance(mask, dict) else mask
-    added = json.loads(tok_path.read_text()).get("added_tokens", [])
-    return next((t["id"] for t in added if mask is not None and t["content"] == mask), None)
+def _fill(model: DualModeModel, tensors: Iterator[tuple[str, torch.Tensor]], rename, device, dtype,
+          where: str) -> None:
+    """Place every tensor into the meta-built model; name the first missing, surplus or misshaped one."""
+    params = dict(model.named_parameters())     # a tied head appears once, as the embedding
+    loaded, unexpected = set(), []
+    for stored, tensor in tensors:
+        name = rename(stored)
+        if name is None or (model.cfg.tie_word_embeddings and name == "lm_head.weight"):
+            continue
+        if name not in params:
+            unexpected.append(stored)
+            continue
+        if tuple(tensor.shape) != tuple(params[name].shape):
+            raise ValueError(f"{where}: weight {stored} has shape {tuple(tensor.shape)}, "
+                             f"config implies {tuple(params[name].shape)}")
+        owner, leaf = name.rsplit(".", 1)
+        module = model.get_submodule(owner)
+        module._parameters[leaf] = nn.Parameter(tensor.to(device, dtype), requires_grad=params[name].requires_grad)
+        loaded.add(name)
+    qk_norm = [n for n in unexpected if ".q_norm." in n or ".k_norm." in n]
+    if qk_norm:
+        raise ValueError(f"{where}: model_type {model.cfg.model_type!r} has no per-head q/k RMSNorm, but the "
+                         f"weights carry it ({qk_norm[0]}); q/k-norm is implemented for qwen3 and SetDLM only")
+    if unexpected:
+        raise ValueError(f"{where}: unexpected weight(s) {unexpected[:8]} for model_type {model.cfg.model_type!r}")
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"{where}: lacks weight(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}")
 
 
 def load_model(path: str | Path | None = None, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32) -> DualModeModel:
-    """Load a model directory; `path=None` loads the embedded default model."""
+               dtype: torch.dtype | None = None, draft_adapter: str | Path | None = "auto") -> DualModeModel:
+    """Load a model directory; `path=None` loads the embedded default model.
+
+    `dtype`: default the config's `torch_dtype` on CUDA, float32 on the CPU. `draft_adapter`: "auto" attaches
+    the drafting LoRA the directory ships (`linear_spec_lora/`, or the directory config.json's
+    `draft_adapter` names), a path attaches that PEFT adapter, None none. It applies to drafting rows only.
+    """
     path = Path(path) if path is not None else default_model_path()
     if not (path / "config.json").is_file():
         raise ValueError(f"path: {path} has no config.json")
     raw = json.loads((path / "config.json").read_text())
-    if raw.get("mask_token_id") is None:
-        raw["mask_token_id"] = mask_token_from_tokenizer(path)
-    tensors = _read_tensors(path)
-    if NEMOTRON_HEAD in tensors or any(n.startswith(NEMOTRON_PREFIX) for n in tensors):
-        cfg = config_from_nemotron(raw, str(path))
-        tensors = _nemotron_to_hf(tensors)
+    kind = family(raw, str(path))
+    if setdlm.is_wrapper(raw):
+        raw, rename = setdlm.resolve(raw, path), setdlm.weight_name
     else:
-        cfg = config_from_hf(raw, str(path))
+        rename = nld_name if kind == NLD else (lambda name: name)
+    if raw.get("mask_token_id") is None:
+        raw["mask_token_id"] = setdlm.mask_token_from_tokenizer(path)
+    cfg = model_config(raw, str(path))
+    dtype = dtype or default_dtype(cfg, device)
     with torch.device("meta"):
         model = DualModeModel(cfg)
-    expected = model.state_dict()
-    if cfg.tie_word_embeddings:
-        expected.pop("lm_head.weight")
-        tensors.pop("lm_head.weight", None)
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise ValueError(f"path: {path} lacks weight(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise ValueError(f"path: {path} has unexpected weight(s) {unexpected[:8]}")
-    for name, t in expected.items():
-        if tuple(tensors[name].shape) != tuple(t.shape):
-            raise ValueError(f"path: weight {name} has shape {tuple(tensors[name].shape)}, "
-                             f"config implies {tuple(t.shape)}")
-    model.load_state_dict({n: tensors[n].to(dtype) for n in expected}, strict=False, assign=True)
+    _fill(model, read_tensors(tensor_files(path)), rename, device, dtype, str(path))
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    adapter = find_adapter(path, raw) if draft_adapter == "auto" else draft_adapter
+    if adapter is not None:
+        load_adapter(model, adapter, rename)
+    return model

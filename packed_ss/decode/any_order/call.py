@@ -18,10 +18,13 @@ from .state import AnyOrderState
 
 
 class Rows:
-    """`n_pending` N slots and `n_old` O slots of anchors, then `n_query` mask queries."""
+    """`n_pending` N slots and `n_old` O slots of anchors, then `n_query` mask queries, the last `n_draft` of
+    which are drafting rows (their logits only become proposals: a drafting adapter applies to them)."""
 
-    def __init__(self, device, mask_id: int, n_pending: int, n_old: int, n_query: int):
+    def __init__(self, device, mask_id: int, n_pending: int, n_old: int, n_query: int, n_draft: int = 0):
         self.n_anchor, self.n_old = n_pending + n_old, n_old
+        rows = self.n_anchor + n_query
+        self.draft_from = rows - n_draft if n_draft else None
         self.anchors = torch.arange(self.n_anchor, device=device)
         self.seg = torch.cat([torch.zeros(self.n_anchor, dtype=torch.int64, device=device),
                               torch.arange(1, n_query + 1, device=device)])
@@ -47,5 +50,5 @@ class Rows:
         live = query_pos >= 0
         see = torch.where(live, query_see, -1)
         positions = st.prompt_len + torch.cat([pos, torch.where(live, query_pos, pad)])
-        layout = Layout(self.n_anchor, self.seg, torch.cat([i, see]))
+        layout = Layout(self.n_anchor, self.seg, torch.cat([i, see]), self.draft_from)
         return ModelInput(torch.cat([tok, self.masks]), positions, layout, st.prompt_len + n_cached)

@@ -11,10 +11,13 @@ from ..state import DecodeState
 
 
 def layout(device, n_anchor: int, scratch_seg=(), scratch_see=()) -> Layout:
-    """Anchors 0..n_anchor-1 (causal, cached) followed by scratch rows with the given seg / see."""
+    """Anchors 0..n_anchor-1 (causal, cached) followed by scratch rows with the given seg / see.
+
+    Left to right, every scratch row drafts (a proposal region, a draft call, a branch, the prefill's masks),
+    so the drafting adapter applies from the first scratch row on."""
     seg = torch.tensor([0] * n_anchor + list(scratch_seg), dtype=torch.int64)
     see = torch.tensor(list(range(n_anchor)) + list(scratch_see), dtype=torch.int64)
-    return Layout(n_anchor, seg, see).to(device)
+    return Layout(n_anchor, seg, see, n_anchor if len(seg) > n_anchor else None).to(device)
 
 
 class Schedule:

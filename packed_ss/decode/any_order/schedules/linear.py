@@ -17,7 +17,7 @@ class Linear(AnyOrderSchedule):
     name = "linear"
 
     def build(self):
-        self.draft_rows = Rows(self.device, self.mask_id, self.n_pending, 0, self.width)
+        self.draft_rows = Rows(self.device, self.mask_id, self.n_pending, 0, self.width, n_draft=self.width)
         self.verify_rows = Rows(self.device, self.mask_id, 0, self.width, self.width)
         self.no_tokens = torch.full((self.width,), -1, dtype=torch.int64, device=self.device)
         return [Step(self.draft_inputs, self.draft_update), Step(self.verify_inputs, self.verify_update)]

@@ -16,7 +16,7 @@ class Packed(AnyOrderSchedule):
     name = "packed"
 
     def build(self):
-        self.rows = Rows(self.device, self.mask_id, self.n_pending, self.width, 2 * self.width)
+        self.rows = Rows(self.device, self.mask_id, self.n_pending, self.width, 2 * self.width, n_draft=self.width)
         return [Step(self.inputs, self.update)]
 
     def inputs(self, st):

@@ -16,7 +16,7 @@ class Quadratic(AnyOrderSchedule):
 
     def build(self):
         w = self.width
-        self.rows = Rows(self.device, self.mask_id, self.n_pending, w, w + w * w)
+        self.rows = Rows(self.device, self.mask_id, self.n_pending, w, w + w * w, n_draft=w * w)
         self.branch = torch.arange(w, device=self.device).repeat_interleave(w)   # branch of each branch row
         self.rank = torch.arange(w, device=self.device).repeat(w)                # its rank
         return [Step(self.inputs, self.update)]

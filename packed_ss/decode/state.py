@@ -8,8 +8,27 @@ import torch
 from .sampling import take
 
 
+class DeviceState:
+    """A dataclass of device tensors that steps update in place (both orders' states are one)."""
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def copy_(self, other):
+        """Overwrite every field in place (same shapes): a persistent state keeps its addresses."""
+        for name, value in other.tensors().items():
+            getattr(self, name).copy_(value)
+        return self
+
+    def assign(self, active: torch.Tensor, **values: torch.Tensor) -> None:
+        """In-place update of the named fields, only where `active` (a finished state stays put)."""
+        for name, value in values.items():
+            t = getattr(self, name)
+            t.copy_(torch.where(active, value.to(t.dtype), t))
+
+
 @dataclass
-class DecodeState:
+class DecodeState(DeviceState):
     """Everything an iteration reads or writes, as tensors on the model's device.
 
     The cache holds the verified prefix except its last token `last`; `out[:n_out]` is the output.
@@ -68,20 +87,6 @@ class DecodeState:
             max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0),
         )
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def copy_(self, other: "DecodeState") -> "DecodeState":
-        """Overwrite every field in place (same shapes): a persistent state keeps its addresses."""
-        for name, value in other.tensors().items():
-            getattr(self, name).copy_(value)
-        return self
-
-    def assign(self, active: torch.Tensor, **values: torch.Tensor) -> None:
-        """In-place update of the named fields, only where `active` (a finished state stays put)."""
-        for name, value in values.items():
-            t = getattr(self, name)
-            t.copy_(torch.where(active, value.to(t.dtype), t))
 
 
 def emit(st: DecodeState, emitted: torch.Tensor, n_accept: torch.Tensor) -> torch.Tensor:

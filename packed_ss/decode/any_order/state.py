@@ -10,9 +10,11 @@ or rows re-queued after a stop truncated P_t) and enter the next call as its N r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
+
+from ..state import DeviceState
 
 ORDERS = ("ltr", "confidence")
 TRACE = ("window", "accepted", "drafts_accepted", "pending_rows", "rows")   # columns of `trace_stats`
@@ -30,7 +32,7 @@ class Iteration:
 
 
 @dataclass
-class AnyOrderState:
+class AnyOrderState(DeviceState):
     """Every tensor an iteration reads or writes; the host reads `done`, `hold`, `n_out` and `out[:n_out]`.
 
     `out[j]` is the token accepted at position j (-1: unresolved); `out[:n_out]` is the resolved prefix of
@@ -96,21 +98,6 @@ class AnyOrderState:
             nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_iter=scalar(0),
             trace_order=full((out_len, width), -1), trace_stats=full((out_len, len(TRACE)), 0),
         )
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def copy_(self, other: AnyOrderState) -> AnyOrderState:
-        """Overwrite every field in place (same shapes): a persistent state keeps its addresses."""
-        for name, value in other.tensors().items():
-            getattr(self, name).copy_(value)
-        return self
-
-    def assign(self, active: torch.Tensor, **values: torch.Tensor) -> None:
-        """In-place update of the named fields, only where `active` (a finished or held state stays put)."""
-        for name, value in values.items():
-            t = getattr(self, name)
-            t.copy_(torch.where(active, value.to(t.dtype), t))
 
     def iterations(self, fetch=torch.Tensor.tolist) -> list[Iteration]:
         """The trace, read from the device at the end (`fetch(tensor)`: its values on the host)."""

@@ -54,7 +54,8 @@ class Engine:
         Any-order (SetDLM-style) models (`any_order: true` in config.json) decode with paper Alg. 3:
         `order` "ltr" (default) or "confidence" sets the verification order of packed / linear /
         quadratic, and `schedule="native"` is the threshold decoder baseline; sampling needs the LTR
-        order (and is exact there).
+        order (and is exact there). They run on the same runtime: `compile`, `cuda_graph` and either
+        epilogue apply to both orders.
         """
         any_order = model.cfg.any_order
         schedules = ANY_ORDER_SCHEDULES if any_order else SCHEDULES

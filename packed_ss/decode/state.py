@@ -24,7 +24,7 @@ class DeviceState:
         """In-place update of the named fields, only where `active` (a finished state stays put)."""
         for name, value in values.items():
             t = getattr(self, name)
-            t.copy_(torch.where(active, value.to(t.dtype), t))
+            t.copy_(torch.where(active, value if value.dtype == t.dtype else value.to(t.dtype), t))
 
 
 @dataclass

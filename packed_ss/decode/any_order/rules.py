@@ -11,9 +11,12 @@ from .state import TRACE, AnyOrderState
 
 
 def put(buf: torch.Tensor, idx: torch.Tensor, val: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """buf with buf[idx[k]] = val[k] wherever keep[k] (kept indices distinct); out of place, any index."""
-    hit = (torch.arange(buf.shape[0], device=buf.device)[:, None] == idx[None, :]) & keep[None, :]
-    return torch.where(hit.any(1), val.to(buf.dtype)[hit.long().argmax(1)], buf)
+    """buf with buf[idx[k]] = val[k] wherever keep[k] (kept indices distinct); out of place, any index:
+    the entries not kept (or out of range) go to one extra slot past the end, which is dropped."""
+    n = buf.shape[0]
+    spill = torch.cat([buf, buf[:1]])
+    spill.index_copy_(0, torch.where(keep & (idx >= 0) & (idx < n), idx, n), val.to(buf.dtype))
+    return spill[:n]
 
 
 def gather(buf: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -113,10 +116,10 @@ def set_draft(st: AnyOrderState, active, tokens, scores, q_idx=None, q_prob=None
 
 def record(st: AnyOrderState, active, order, **stats) -> None:
     """Trace row n_iter <- this iteration (`order` and TRACE columns); then the next row."""
-    row = (torch.arange(st.trace_order.shape[0], device=order.device) == st.n_iter) & active
-    st.trace_order.copy_(torch.where(row[:, None], order[None, :], st.trace_order))
+    row = st.n_iter.clamp(max=st.trace_order.shape[0] - 1)[None]
     values = torch.stack([stats[name] for name in TRACE]).to(st.trace_stats.dtype)
-    st.trace_stats.copy_(torch.where(row[:, None], values[None, :], st.trace_stats))
+    for table, new in ((st.trace_order, order), (st.trace_stats, values)):
+        table.index_copy_(0, row, torch.where(active, new, table.index_select(0, row)[0])[None])
     st.assign(active, n_iter=st.n_iter + 1)
 
 

@@ -3,7 +3,8 @@
 # builds the native step epilogue, csrc/, with the image's cmake, pybind11 and nvcc), run the kernel tests
 # on CUDA (fp32, bf16, fp16 against the torch reference; triton vs torch decoding) together with the CUDA
 # epilogue and CUDA-graph tests (tests/test_gpu.py, tests/test_epilogue.py; every decode loop there, eager and
-# graph, both epilogues, both orders, greedy and sampled, runs under torch.cuda.set_sync_debug_mode("error")
+# graph, both epilogues, both orders, greedy and sampled, runs its iterations under
+# torch.cuda.set_sync_debug_mode("error") via PACKED_SS_CHECK_SYNCS=1
 # so an implicit host sync inside a step fails), then the packed-attention
 # benchmark with a launch-config sweep, then the epilogue benchmark (eager vs CUDA graph, torch vs native).
 # Everything lands in $OUT (at most 8 files).
@@ -55,7 +56,7 @@ echo "bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
 
 # Non-model decoder time per iteration at vocab 131072 (rows print and the JSON is rewritten as they come,
 # so a cut run keeps what it measured; packed first).
-timeout 45 $PY "$REPO/bench/epilogue.py" --device cuda --vocab 131072 --iters 100 \
+PACKED_SS_CHECK_SYNCS=1 timeout 45 $PY "$REPO/bench/epilogue.py" --device cuda --vocab 131072 --iters 100 \
   --schedules packed linear quadratic ar --sampling greedy top-k50-p0.9 --out "$OUT/epilogue.json" \
   2>&1 | tee "$OUT/epilogue.log"
 echo "epilogue bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/epilogue.log"

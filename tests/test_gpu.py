@@ -31,14 +31,29 @@ needs_cuda_native = pytest.mark.skipif(not torch.cuda.is_available() or not nati
 PROMPT = [3, 17, 42, 8, 9]
 
 
+@pytest.fixture(autouse=True)
+def check_syncs(monkeypatch):
+    """Every decode loop in this file runs its iterations under torch.cuda.set_sync_debug_mode("error")
+    (runtime.graphs.SyncCheck): an implicit host synchronisation inside a step raises."""
+    monkeypatch.setenv("PACKED_SS_CHECK_SYNCS", "1")
+
+
 @contextlib.contextmanager
 def no_sync():
-    """Fail on any implicit device synchronisation inside the block."""
-    torch.cuda.set_sync_debug_mode("error")
+    """Assert that the runtime's sync check is on while a step runs (it could otherwise pass vacuously)."""
+    seen = []
+    update = epilogue_mod.Epilogue.rows
+
+    def rows(self, logits):
+        seen.append(torch.cuda.get_sync_debug_mode())
+        return update(self, logits)
+
+    epilogue_mod.Epilogue.rows = rows
     try:
         yield
     finally:
-        torch.cuda.set_sync_debug_mode("default")
+        epilogue_mod.Epilogue.rows = update
+    assert seen and max(seen) == 2, f"steps ran with sync debug modes {sorted(set(seen))}, not 2 (error)"
 
 
 @pytest.fixture

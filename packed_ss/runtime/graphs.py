@@ -7,9 +7,39 @@ the poll's status row.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
+
+
+class SyncCheck:
+    """With PACKED_SS_CHECK_SYNCS=1 on CUDA, the runtime runs its iterations and polls inside this context:
+    torch.cuda.set_sync_debug_mode("error"), so any implicit host synchronisation in a step raises. The
+    request's setup, the prefill, graph capture and the host's rare resume() stay outside it."""
+
+    @staticmethod
+    def wanted(device: torch.device) -> bool:
+        return device.type == "cuda" and os.environ.get("PACKED_SS_CHECK_SYNCS", "0") == "1"
+
+    def __enter__(self):
+        torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _unchecked(run: Callable[[], None]) -> None:
+    """run() with the sync debug mode off (capture synchronises the device by design)."""
+    if not torch.cuda.is_available():   # the CPU stand-ins of tests/test_runtime.py
+        run()
+        return
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("default")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
 
 
 def warm_up(run: Callable[[], None]) -> None:
@@ -35,7 +65,9 @@ class CapturedIteration:
 
     def __call__(self) -> None:
         if self.replay is None:
-            warm_up(self.run)
-            self.replay = capture(self.run)
+            def prepare():
+                warm_up(self.run)
+                self.replay = capture(self.run)
+            _unchecked(prepare)
         else:
             self.replay()

@@ -7,6 +7,7 @@ delivers them and returns the GenerateResult, so `Engine.generate` and `Engine.s
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Callable, Iterator
@@ -14,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..model.dual_mode import DualModeModel, KVCache
-from .graphs import CapturedIteration
+from .graphs import CapturedIteration, SyncCheck
 from .poll import Poll
 from .program import ModelInput, Step
 from .request import GenerateResult, Request
@@ -86,6 +87,7 @@ class Runtime:
         st, cache, poll = slot.state, slot.cache, slot.poll
         iterations, limit = 0, request.max_new_tokens + poll.lag + 2   # every live iteration emits >= 1 token
         caller_mode = torch.is_inference_mode_enabled()
+        checked = SyncCheck() if SyncCheck.wanted(self.model.device) else contextlib.nullcontext()
         with torch.inference_mode():
             poll.reset(st, stream or self.mode == "graph")   # a graph captures one kind of row: the streaming one
             prompt = torch.tensor(request.prompt, dtype=torch.int64, device=self.model.device)
@@ -93,14 +95,15 @@ class Runtime:
             poll.publish(st)
             poll.issue()
             while True:
-                status = poll.read() if poll.due else None
-                if status is None or not (status.done or status.hold):
-                    iterations += 1
-                    if iterations > limit:
-                        raise RuntimeError("decoder made no progress; this is a bug")
-                    slot.iterate(first=iterations == 1)
-                    poll.issue()
-                elif status.hold and not status.done:    # rare (any-order truncation): the host steps in
+                with checked:
+                    status = poll.read() if poll.due else None
+                    if status is None or not (status.done or status.hold):
+                        iterations += 1
+                        if iterations > limit:
+                            raise RuntimeError("decoder made no progress; this is a bug")
+                        slot.iterate(first=iterations == 1)
+                        poll.issue()
+                if status is not None and status.hold and not status.done:   # rare (any-order truncation)
                     while poll.in_flight:
                         poll.read()                      # iterations queued behind the hold were no-ops
                     program.resume(st, lambda inp: self.forward(inp, cache))

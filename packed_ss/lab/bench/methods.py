@@ -10,7 +10,7 @@ import torch
 
 from ...decode.sampling import SamplingParams
 from ...engine import Engine
-from .latency import call_layouts
+from ...runtime.program import call_layouts
 
 
 class CallTimer:

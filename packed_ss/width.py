@@ -79,7 +79,7 @@ def call_cost(model, attend, backend: str, rows: list[int]) -> CallCost:
     cache_len = torch.tensor(CACHED_TOKENS, device=device)
     points = []
     for n in key[-1]:
-        lay = Layout(0, torch.ones(n, dtype=torch.int64, device=device), torch.full((n,), -1, device=device))
+        lay = Layout(0, torch.ones(n, dtype=torch.int64, device=device), torch.full((n,), -1, device=device), 0)
         tokens = torch.full((n,), model.cfg.mask_token_id, device=device)
         positions = cache_len + torch.arange(n, device=device)
         times = []

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--heldout-pct", type=float, default=3.0,
                     help="percent of documents held out for evaluation, by name hash (default 3, as the models)")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads for torch (default 2)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads for torch (default 1: on a shared machine more threads can run far slower)")
     ap.add_argument("--log-every-s", type=float, default=None, help="progress bar refresh interval in seconds")
     return ap
 

@@ -1,0 +1,50 @@
+"""The drafting adapters the shipped models carry (`drafter/`, named by config.json's `draft_adapter`): the
+default loading attaches them with their acceptance profile, and they change the drafts, never the output:
+greedy output with the adapter equals the output without it, for every schedule and both orders (the
+golden cases pin the models without it; test_default_model checks the adapted default model against
+transformers)."""
+import pytest
+import torch
+
+import packed_ss
+from packed_ss.decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
+from packed_ss.decode.schedules import SCHEDULES
+from packed_ss.lab.humaneval import tokenized_prompts
+
+MAX_NEW = 48
+
+
+@pytest.fixture(scope="module", params=["default", "any-order"])
+def pair(request):
+    path = packed_ss.default_model_path(request.param)
+    adapted = packed_ss.load_model(path, dtype=torch.float64)
+    base = packed_ss.load_model(path, dtype=torch.float64, draft_adapter=None)
+    prompts = [ids for _, ids in tokenized_prompts(packed_ss.load_tokenizer(path), 3)]
+    return adapted, base, prompts
+
+
+def test_the_shipped_adapter_is_attached(pair):
+    adapted, base, _ = pair
+    assert adapted.model.layers[0].mlp.down_proj.lora is not None
+    assert base.model.layers[0].mlp.down_proj.lora is None
+    assert adapted.draft_profile is not None and adapted.draft_profile != base.draft_profile
+
+
+def cases(model):
+    if not model.cfg.any_order:
+        return [(s, None) for s in SCHEDULES if s != "ar"]
+    return [(s, o) for s in ANY_ORDER_SCHEDULES if s not in ("ar", "native") for o in ("ltr", "confidence")]
+
+
+@pytest.mark.parametrize("width", [3, 8])
+def test_greedy_output_unchanged_by_the_adapter(pair, width):
+    adapted, base, prompts = pair
+    nfe = {True: 0, False: 0}
+    for schedule, order in cases(adapted):
+        for ids in prompts:
+            a = packed_ss.Engine(adapted, schedule, width=width, order=order).generate(ids, MAX_NEW, eos_token_id=[])
+            b = packed_ss.Engine(base, schedule, width=width, order=order).generate(ids, MAX_NEW, eos_token_id=[])
+            assert a.tokens == b.tokens, (schedule, order)
+            nfe[True] += a.nfe
+            nfe[False] += b.nfe
+    assert nfe[True] < nfe[False], "the shipped adapter should need fewer calls"

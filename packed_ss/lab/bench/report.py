@@ -140,20 +140,24 @@ def plot_ratios(result: dict, path: Path):
 def any_order_markdown(result: dict) -> str:
     """bench.md of the any-order benchmark: one row per method."""
     meta = result["meta"]
+    widths = meta.get("widths", {})
     lines = [f"Any-order schedules, W={meta['width']}, {meta['n_prompts']} HumanEval prompts, "
              f"{meta['max_new_tokens']} new tokens, greedy, {meta['threads']} thread(s); "
              "ratios: paired bootstrap 95% CI against Linear-SS under the same order (LTR for ar / native).", "",
-             "| method | order | tokens/NFE | tok/s | ms/NFE | non-model % | accepted/verify | = serial ref "
-             "| = AR greedy | AR token agreement | throughput / linear | tokens/NFE / linear |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| method | order | W | tokens/NFE | tok/s | ms/NFE | non-model % | accepted/verify | = serial ref "
+             "| = AR greedy | AR token agreement | throughput / ar | throughput / linear | tokens/NFE / linear |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["summary"]:
         vs = r.get("vs_linear")
         ci = (lambda k: _ci(vs[k], ".3f")) if vs else (lambda k: "1")
         acc = "" if r["accepted_per_verify"] is None else f"{r['accepted_per_verify']:.2f}"
         ser = "" if r["same_as_serial"] is None else f"{r['same_as_serial']:.2f}"
-        lines.append(f"| {r['method']} | {r['order'] or ''} | {r['tokens_per_nfe']:.3f} | {r['throughput']:.1f} | "
+        label = r["method"] if r["order"] is None else f"{r['method']}-{r['order']}"
+        vs_ar = _ci(r["vs_ar"]["throughput_ratio"], ".3f") if "vs_ar" in r else "1"
+        lines.append(f"| {r['method']} | {r['order'] or ''} | {widths.get(label, '')} | {r['tokens_per_nfe']:.3f} | "
+                     f"{r['throughput']:.1f} | "
                      f"{r['ms_per_nfe']:.2f} | {100 * r['nonmodel_frac']:.1f} | {acc} | {ser} | {r['same_as_ar']:.2f} | "
-                     f"{r['ar_token_agreement']:.3f} | {ci('throughput_ratio')} | {ci('tokens_per_nfe_ratio')} |")
+                     f"{r['ar_token_agreement']:.3f} | {vs_ar} | {ci('throughput_ratio')} | {ci('tokens_per_nfe_ratio')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,5 @@
-"""The drafting adapters the shipped models carry (`drafter/`, named by config.json's `draft_adapter`): the
-default loading attaches them with their acceptance profile, and they change the drafts, never the output:
+"""The drafting adapters the shipped models carry in `drafter/`: loaded with their acceptance profile, they
+change the drafts, never the output:
 greedy output with the adapter equals the output without it, for every left-to-right schedule and order
 (the golden cases pin the models without it; test_default_model checks the adapted default model against
 transformers). A confidence order ranks positions by the drafts' own confidence, so there the output is
@@ -19,7 +19,7 @@ MAX_NEW = 48
 @pytest.fixture(scope="module", params=["default", "any-order"])
 def pair(request):
     path = packed_ss.default_model_path(request.param)
-    adapted = packed_ss.load_model(path, dtype=torch.float64)
+    adapted = packed_ss.load_model(path, dtype=torch.float64, draft_adapter=path / "drafter")
     base = packed_ss.load_model(path, dtype=torch.float64, draft_adapter=None)
     prompts = [ids for _, ids in tokenized_prompts(packed_ss.load_tokenizer(path), 3)]
     return adapted, base, prompts

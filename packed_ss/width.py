@@ -31,7 +31,6 @@ PROFILE_KIND = {"packed": "lagged", "linear": "fresh", "quadratic": "fresh"}
 CACHED_TOKENS = 256
 REPS = 5
 
-_costs: dict[tuple, "CallCost"] = {}
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,9 @@ class CallCost:
 
     def iteration_ms(self, rows: list[int]) -> float:
         return sum(self.tau_ms + self.delta_ms * r for r in rows)
+
+
+_costs: dict[tuple, CallCost] = {}     # per process: (model, device, dtype, backend, row counts) -> fit
 
 
 def read_profile(directory: str | Path) -> dict | None:

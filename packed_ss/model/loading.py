@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..width import read_profile
 from . import setdlm
 from .adapter import find_adapter, load_adapter
 from .config import NLD, ModelConfig, family, model_config
 from .dual_mode import DualModeModel
 from .tensor_files import read_tensors, tensor_files
-from ..width import read_profile
 
 
 def default_model_path(kind: str = "default") -> Path:

@@ -154,9 +154,9 @@ def any_order_markdown(result: dict) -> str:
         ser = "" if r["same_as_serial"] is None else f"{r['same_as_serial']:.2f}"
         label = r["method"] if r["order"] is None else f"{r['method']}-{r['order']}"
         vs_ar = _ci(r["vs_ar"]["throughput_ratio"], ".3f") if "vs_ar" in r else "1"
-        lines.append(f"| {r['method']} | {r['order'] or ''} | {widths.get(label, '')} | {r['tokens_per_nfe']:.3f} | "
-                     f"{r['throughput']:.1f} | "
-                     f"{r['ms_per_nfe']:.2f} | {100 * r['nonmodel_frac']:.1f} | {acc} | {ser} | {r['same_as_ar']:.2f} | "
+        lines.append(f"| {r['method']} | {r['order'] or ''} | {widths.get(label, '')} | "
+                     f"{r['tokens_per_nfe']:.3f} | {r['throughput']:.1f} | {r['ms_per_nfe']:.2f} | "
+                     f"{100 * r['nonmodel_frac']:.1f} | {acc} | {ser} | {r['same_as_ar']:.2f} | "
                      f"{r['ar_token_agreement']:.3f} | {vs_ar} | {ci('throughput_ratio')} | {ci('tokens_per_nfe_ratio')} |")
     return "\n".join(lines) + "\n"
 

@@ -107,7 +107,7 @@ ext_modules = [] if _flag("PACKED_SS_NATIVE", "1") in ("0", "false", "no") else 
 setup(
     packages=[*find_packages(include=["packed_ss", "packed_ss.*"]), "packed_ss.kernels"],
     package_dir={"packed_ss": "packed_ss", "packed_ss.kernels": "kernels"},
-    package_data={"packed_ss": ["assets/*/*"]},
+    package_data={"packed_ss": ["assets/*/*", "assets/*/*/*"]},   # a model and its drafting adapter
     ext_modules=ext_modules,
     cmdclass={"build_ext": CMakeBuild},
 )

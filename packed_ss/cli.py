@@ -1,7 +1,8 @@
 """Command line: `python -m packed_ss generate PROMPT` decodes with every schedule and compares them;
 `python -m packed_ss bench ...` runs the schedule benchmark (packed_ss/lab/bench/schedules.py) and
 `python -m packed_ss bench-any-order ...` the any-order one (packed_ss/lab/bench/any_order.py);
-`python -m packed_ss convert setdlm SRC DST` rewrites a SetDLM checkpoint as a safetensors directory."""
+`python -m packed_ss convert setdlm SRC DST` rewrites a SetDLM checkpoint as a safetensors directory;
+`python -m packed_ss train-drafter MODEL --out DIR` trains a drafting adapter (packed_ss/lab/drafter/)."""
 from __future__ import annotations
 
 import argparse
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: output equals AR greedy) or confidence (likeliest drafts first)")
     gen.add_argument("--width", type=_positive_int, default=None,
                      help=f"speculative width W, 1..{MAX_WIDTH}: draft tokens verified per call (block B = W+1); "
-                          "default the model's block_size - 1 where its config declares one, else 8")
+                          "default auto: the best width for the drafter's acceptance profile and this device's "
+                          "call cost (see README)")
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128,
                      help="stop after this many generated tokens (default 128)")
     gen.add_argument("--temperature", type=float, default=0.0,
@@ -83,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "bench", add_help=False, help="benchmark the schedules (throughput, intervals, peers; see bench --help)",
         description="Forwards every argument to the benchmark (packed_ss/lab/bench/schedules.py).")
+    sub.add_parser(
+        "train-drafter", add_help=False,
+        help="train a drafting LoRA by self-distillation (see train-drafter --help)",
+        description="Forwards every argument to the drafter trainer (packed_ss/lab/drafter/train.py).")
     conv = sub.add_parser(
         "convert", help="rewrite a checkpoint as a safetensors directory that loads fast (convert setdlm --help)",
         description="Rewrite a checkpoint in another project's layout as an HF-style safetensors directory.")
@@ -181,6 +187,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["bench-any-order"]:
         from .lab.bench.any_order import main as bench_any_order_main
         return bench_any_order_main(argv[1:])
+    if argv[:1] == ["train-drafter"]:
+        from .lab.drafter.train import main as train_drafter_main
+        return train_drafter_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "convert":

@@ -16,6 +16,8 @@ from .decode.schedules import SCHEDULES
 from .model.attention import attention_backend
 from .model.dual_mode import DualModeModel
 from .runtime import GenerateResult, Request, Runtime
+from .runtime.program import call_layouts
+from .width import PROFILE_KIND, call_cost, choose_width
 
 MAX_WIDTH = 64
 DEFAULT_WIDTH = 8
@@ -36,11 +38,14 @@ def _token_ids(name: str, ids, vocab: int) -> list[int]:
 class Engine:
     """Generates with one schedule and width on one model; reusable across `generate` / `stream` calls."""
 
-    def __init__(self, model: DualModeModel, schedule: str = "packed", width: int | None = None,
+    def __init__(self, model: DualModeModel, schedule: str = "packed", width: int | str | None = "auto",
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
                  epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None):
-        """`width`: draft tokens verified per call; default the model's `block_size - 1` where its config
-        declares one (capped at MAX_WIDTH), else 8.
+        """`width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
+        maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
+        and this device's per-call latency, measured once per process (width.py); at most the model's
+        `block_size - 1`. Without a profile: `block_size - 1` where the config declares one (capped at
+        MAX_WIDTH), else 8. `engine.width` is the width in use.
         `compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
         torch.compile backend name); `max_seq_len` caps prompt + new tokens (default: the model's).
 
@@ -67,9 +72,9 @@ class Engine:
         if order not in (None, "ltr") and (not any_order or schedule in ("ar", "native")):
             raise ValueError(f"order={order!r} needs an any-order model and schedule packed, linear or "
                              f"quadratic; got schedule {schedule!r} on a model with any_order={any_order}")
-        if width is None:
-            width = min(model.cfg.block_size - 1, MAX_WIDTH) if model.cfg.block_size else DEFAULT_WIDTH
-        _check_int("width", width, 1, MAX_WIDTH)
+        auto = width is None or width == "auto"
+        if not auto:
+            _check_int("width", width, 1, MAX_WIDTH)
         if epilogue is not None and epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {tuple(EPILOGUES)} or None, got {epilogue!r}")
         if cuda_graph and model.device.type != "cuda":
@@ -78,7 +83,7 @@ class Engine:
             raise ValueError("cuda_graph=True and compile cannot be combined")
         if epilogue == "native" and compile:
             raise ValueError("compile traces the torch epilogue: use epilogue='torch' (or leave it unset)")
-        self.model, self.schedule_name, self.width = model, schedule, width
+        self.model, self.schedule_name, self.any_order = model, schedule, any_order
         self.order = order or "ltr"
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         _check_int("max_seq_len", self.max_seq_len, 2)
@@ -87,8 +92,22 @@ class Engine:
         mode = "graph" if cuda_graph else ("compile" if compile else "eager")
         self.runtime = Runtime(model, attention_backend(self.backend), mode,
                                "inductor" if compile is True else (compile or "inductor"), self.max_seq_len)
-        self.any_order = any_order
         self._programs: dict[SamplingParams, object] = {}
+        self.width = self._auto_width() if auto else width
+
+    def _auto_width(self) -> int:
+        """width="auto" (width.py): the profile's best width on this device; the fixed default without one."""
+        cfg, profile = self.model.cfg, self.model.draft_profile
+        limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
+        kind = PROFILE_KIND.get(self.schedule_name)
+        if profile is None or kind is None:
+            return min(limit, DEFAULT_WIDTH) if not cfg.block_size else limit
+        widths = range(1, min(limit, profile["width"]) + 1)
+        rows = {w: [lay.rows for lay in call_layouts(self._build(w, SamplingParams(), "torch"))] for w in widths}
+        counts = sorted({r for calls in rows.values() for r in calls})
+        cost = call_cost(self.model, self.runtime.attend, self.backend,
+                         [counts[0], counts[len(counts) // 2], counts[-1]])
+        return choose_width(profile[kind][:len(widths)], rows.__getitem__, cost)
 
     @staticmethod
     def _pick_epilogue(epilogue: str | None, compiled: bool, device) -> str:
@@ -105,13 +124,14 @@ class Engine:
     def program(self, params: SamplingParams):
         """The schedule bound to this engine's model, width, epilogue and `params` (one per setting)."""
         if params not in self._programs:
-            epilogue = make_epilogue(self.epilogue, self.model.device, self.width, params)
-            if self.any_order:
-                program = ANY_ORDER_SCHEDULES[self.schedule_name](self.model, self.width, params, epilogue, self.order)
-            else:
-                program = SCHEDULES[self.schedule_name](self.model, self.width, params, epilogue)
-            self._programs[params] = program
+            self._programs[params] = self._build(self.width, params, self.epilogue)
         return self._programs[params]
+
+    def _build(self, width: int, params: SamplingParams, epilogue: str):
+        ending = make_epilogue(epilogue, self.model.device, width, params)
+        if self.any_order:
+            return ANY_ORDER_SCHEDULES[self.schedule_name](self.model, width, params, ending, self.order)
+        return SCHEDULES[self.schedule_name](self.model, width, params, ending)
 
     # -- requests --------------------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,

@@ -253,9 +253,11 @@ def test_setdlm_directory(tmp_path, marker):
     """A SetDLM-style directory: any-order by flag or by name, its mask token named only by the tokenizer."""
     src = default_model_path("any-order")
     for f in src.iterdir():
-        shutil.copy(f, tmp_path / f.name)
+        if f.is_file():      # the weights and tokenizer, not the drafting adapter's directory
+            shutil.copy(f, tmp_path / f.name)
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["mask_token_id"], cfg["any_order"]
+    cfg.pop("draft_adapter", None)
     (tmp_path / "config.json").write_text(json.dumps({**cfg, **marker}))
     model = load_model(tmp_path)
     assert model.cfg.mask_token_id == 1 and model.cfg.any_order and model.cfg.qk_norm

@@ -99,3 +99,20 @@ def test_cli_generate_any_order(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "packed_ss", "generate", "x", "--model", "any-order",
                            "--order", "confidence", "--temperature", "1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "LTR order" in proc.stderr
+
+
+def test_bench_at_the_auto_width(tmp_path):
+    """--widths auto: each schedule at the engine's own choice (reported), compared with our AR too."""
+    out = tmp_path / "auto"
+    proc = subprocess.run([sys.executable, "-m", "packed_ss", "bench", "--limit", "1", "--max-new-tokens", "8",
+                           "--widths", "auto", "--temperatures", "0", "--peers", "--latency-reps", "2",
+                           "--resamples", "200", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "bench.json").read_text())
+    rows = {r["method"]: r for r in result["summary"]}
+    assert set(rows) == {"ar", "linear", "quadratic", "packed"}
+    for name in ("linear", "quadratic", "packed"):
+        assert rows[name]["width"] == "auto" and 1 <= rows[name]["engine_width"] <= 16
+        assert result["meta"]["auto_widths"][name] == rows[name]["engine_width"]
+        assert rows[name]["vs_ar"]["throughput_ratio"]["point"] > 0
+    assert f"auto={rows['packed']['engine_width']}" in (out / "bench.md").read_text()

@@ -37,8 +37,12 @@ def test_default_model_ships_with_tokenizer():
     assert packed_ss.load_model().cfg.mask_token_id is not None
 
 
+@pytest.mark.parametrize("adapter", [None, "drafter"])
 @pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
-def test_schedules_match_transformers_on_humaneval(prompts, hf_greedy, schedule):
-    engine = packed_ss.Engine(packed_ss.load_model(dtype=torch.float64), schedule=schedule, width=8)
+def test_schedules_match_transformers_on_humaneval(prompts, hf_greedy, schedule, adapter):
+    """With the base drafter and with the shipped drafting adapter (drafter/)."""
+    path = packed_ss.default_model_path()
+    model = packed_ss.load_model(path, dtype=torch.float64, draft_adapter=adapter and path / adapter)
+    engine = packed_ss.Engine(model, schedule=schedule, width=8)
     for ids, expected in zip(prompts, hf_greedy):
         assert engine.generate(ids, max_new_tokens=MAX_NEW, eos_token_id=[]).tokens == expected

@@ -30,7 +30,12 @@ _MODULE = re.compile(r"model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)")
 _TENSOR = re.compile(r"(.+)\.lora_([AB])(?:\.default)?\.weight")
 
 
-def _adapter_dtype(dtype: torch.dtype) -> torch.dtype:
+def peft_tensor_name(module: str, key: str) -> str:
+    """PEFT's name of a LoRA tensor: `module` a model path (model.layers.N.self_attn.q_proj), key "A" or "B"."""
+    return f"{PEFT_PREFIX}{module}.lora_{key}.weight"
+
+
+def adapter_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype.is_floating_point and dtype.itemsize >= 4 else torch.float32
 
 
@@ -47,7 +52,7 @@ class LoRA(nn.Module):
         # Follow the model's device and dtype, but never below float32: keep the old values instead.
         a, b = self.a, self.b
         super()._apply(fn, recurse)
-        if self.a.dtype != _adapter_dtype(self.a.dtype):
+        if self.a.dtype != adapter_dtype(self.a.dtype):
             self.a, self.b = a.to(self.a.device), b.to(self.b.device)
         return self
 
@@ -165,5 +170,5 @@ def load_adapter(model: nn.Module, directory: str | Path, rename=lambda name: na
                 raise ValueError(f"{files[0]}: tensor {name} has shape {tuple(tensor.shape)}, expected {shape} "
                                  f"(r={r}, base weight {tuple(linear.weight.shape)})")
         scale = alpha / (r ** 0.5 if config.get("use_rslora") else r)
-        dtype = _adapter_dtype(linear.weight.dtype)
+        dtype = adapter_dtype(linear.weight.dtype)
         linear.lora = LoRA(*(ab[k][1].to(linear.weight.device, dtype) for k in "AB"), scale)

@@ -115,6 +115,7 @@ class DualModeModel(nn.Module):
         with torch.device("cpu"):   # real values even when the module is built on the meta device
             inv_freq, self.rope_scaling = rope_inv_freq(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.draft_profile: dict | None = None   # the drafter's acceptance profile (width.py), set by loading
 
     def _apply(self, fn, recurse=True):
         # Keep the rope frequencies in float32 whatever the model dtype (HF computes them that way).

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..width import read_profile
 from . import setdlm
 from .adapter import find_adapter, load_adapter
 from .config import NLD, ModelConfig, family, model_config
@@ -85,6 +86,8 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "cpu
     `dtype`: default the config's `torch_dtype` on CUDA, float32 on the CPU. `draft_adapter`: "auto" attaches
     the drafting LoRA the directory ships (`linear_spec_lora/`, or the directory config.json's
     `draft_adapter` names), a path attaches that PEFT adapter, None none. It applies to drafting rows only.
+    The drafter's acceptance profile (width="auto") is read from the adapter's directory, or without an
+    adapter from the model's.
     """
     path = Path(path) if path is not None else default_model_path()
     if not (path / "config.json").is_file():
@@ -108,4 +111,5 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "cpu
     adapter = find_adapter(path, raw) if draft_adapter == "auto" else draft_adapter
     if adapter is not None:
         load_adapter(model, adapter, rename)
+    model.draft_profile = read_profile(adapter if adapter is not None else path)
     return model

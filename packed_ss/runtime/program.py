@@ -17,6 +17,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..model.attention import Layout
+from .request import Request
 
 
 class ModelInput(NamedTuple):
@@ -31,3 +32,10 @@ class Step:
     """One model call: how to build its input from the state, and how to fold its logits back in."""
     inputs: Callable[[Any], ModelInput]
     update: Callable[[Any, torch.Tensor], None]
+
+
+def call_layouts(program) -> list[Layout]:
+    """The layouts of one decode iteration's calls, in call order, of a program (a schedule bound by
+    `Engine.program`). Calls take their inputs from a decoding state; the layouts do not depend on it."""
+    state = program.new_state(Request(prompt=[0], max_new_tokens=1, seed=0, stop_ids=[], stop_sequences=[]))
+    return [step.inputs(state).layout for step in program.steps]

@@ -67,7 +67,8 @@ def method_label(method: str, order: str | None) -> str:
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else default_model_path("any-order")
-    model = load_model(path, dtype=torch.float32)
+    adapter = {"auto": "auto", "none": None}.get(args.draft_adapter, args.draft_adapter)
+    model = load_model(path, dtype=torch.float32, draft_adapter=adapter)
     if not model.cfg.any_order:
         raise SystemExit(f"--model: {path} is not an any-order model (config.json lacks any_order: true)")
     prompts = tokenized_prompts(load_tokenizer(path), args.limit)
@@ -98,6 +99,8 @@ def run(args) -> dict:
                                               round(agree if n else 1.0, 4)))
     result = {"meta": {"model": str(path), "threads": torch.get_num_threads(), "n_prompts": len(prompts),
                        "width": args.width, "max_new_tokens": args.max_new_tokens, "torch": torch.__version__,
+                       "draft_adapter": args.draft_adapter,
+                       "widths": {method_label(*key): e.width for key, e in engines.items()},
                        "python": platform.python_version(), "command": " ".join(sys.argv),
                        "elapsed_s": time.perf_counter() - start, "serial_checked": args.serial}}
     result["summary"] = summary_rows(records, len(prompts), args)
@@ -107,8 +110,9 @@ def run(args) -> dict:
 
 def summary_rows(records: list[AnyOrderRecord], n_prompts: int, args) -> list[dict]:
     """One row per method: totals, rates, agreement shares, and the paired ratios to Linear-SS under the same
-    order (LTR for ar and native)."""
+    order (LTR for ar and native) and to AR."""
     counts = bootstrap_counts(n_prompts, args.resamples, args.seed)
+    ar = per_prompt([r for r in records if r.method == "ar"], n_prompts)
     rows = []
     for m, o in ANY_ORDER_METHODS:
         group = [r for r in records if (r.method, r.order) == (m, o)]
@@ -125,6 +129,8 @@ def summary_rows(records: list[AnyOrderRecord], n_prompts: int, args) -> list[di
         linear = [r for r in records if (r.method, r.order) == ("linear", o or "ltr")]
         if (m, o) != ("linear", o or "ltr"):
             row["vs_linear"] = paired(per_prompt(group, n_prompts), per_prompt(linear, n_prompts), counts)
+        if m != "ar":
+            row["vs_ar"] = paired(per_prompt(group, n_prompts), ar, counts)
         rows.append(row)
     return rows
 
@@ -136,7 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog=__doc__.split("\n\n", 2)[2])
     add_shared_args(p, FULL, QUICK, outputs="bench.json, bench.md",
                     model="any-order model directory (default: the shipped one)")
-    p.add_argument("--width", type=int, default=8, help="active window W (default 8)")
+    p.add_argument("--width", default="8",
+                   help="active window W, 1..64, or 'auto' (each engine's own choice; default 8)")
+    p.add_argument("--draft-adapter", default="auto",
+                   help="the drafting adapter: 'auto' (the one the model ships, the default), 'none', or a directory")
     p.add_argument("--no-serial", dest="serial", action="store_false",
                    help="skip the serial-reference replay (it costs one full forward per token)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
@@ -146,8 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     apply_preset(args, FULL, QUICK)
-    if args.limit < 1 or args.max_new_tokens < 1 or not 1 <= args.width <= 64:
-        raise SystemExit("--limit and --max-new-tokens must be >= 1 and --width in [1, 64]")
+    if args.width != "auto":
+        args.width = int(args.width) if args.width.isdigit() else 0
+    if args.limit < 1 or args.max_new_tokens < 1 or not (args.width == "auto" or 1 <= args.width <= 64):
+        raise SystemExit("--limit and --max-new-tokens must be >= 1 and --width in [1, 64] or 'auto'")
     result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -12,19 +12,12 @@ from ...decode.sampling import SamplingParams
 from ...decode.schedules.base import layout
 from ...engine import Engine
 from ...model.attention import Layout, attention_backend
-from ...runtime import Request
+from ...runtime.program import call_layouts
 
 
 def engine_capacity(prompt_len: int, max_new_tokens: int, width: int) -> int:
     """KV-cache view the engine gives a response's calls (the CPU attention reference attends over all of it)."""
     return 256 * math.ceil((prompt_len + max_new_tokens + 2 * (width + 1)) / 256)
-
-
-def call_layouts(program) -> list[Layout]:
-    """The layouts of one decode iteration's calls, in call order, of a program (a schedule bound by
-    `Engine.program`). Calls take their inputs from a decoding state; the layouts do not depend on it."""
-    state = program.new_state(Request(prompt=[0], max_new_tokens=1, seed=0, stop_ids=[], stop_sequences=[]))
-    return [step.inputs(state).layout for step in program.steps]
 
 
 def latency_points(model, widths: list[int]) -> list[tuple[str, Layout]]:

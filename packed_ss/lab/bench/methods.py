@@ -10,7 +10,7 @@ import torch
 
 from ...decode.sampling import SamplingParams
 from ...engine import Engine
-from .latency import call_layouts
+from ...runtime.program import call_layouts
 
 
 class CallTimer:
@@ -42,7 +42,8 @@ class CallTimer:
 class Ours:
     """One of our schedules through the public Engine API."""
 
-    def __init__(self, model, schedule: str, width: int, timer: CallTimer):
+    def __init__(self, model, schedule: str, width: int | str, timer: CallTimer):
+        """`width` an integer or "auto" (the engine's choice, `self.engine.width`)."""
         self.name, self.width, self.timer = schedule, (None if schedule == "ar" else width), timer
         self.engine = Engine(model, schedule=schedule, width=width)
         self.layouts = call_layouts(self.engine.program(SamplingParams()))    # one iteration's calls

@@ -23,6 +23,8 @@ def _label(method: str, width: int | None, vs: int) -> str:
 
 
 def _width(row: dict) -> str:
+    if row["width"] == "auto":
+        return f"auto={row['engine_width']}"
     return str(row["width"]) if row["width"] is not None else f"(vs {row['vs_width']})"
 
 
@@ -45,8 +47,9 @@ def schedules_markdown(result: dict) -> str:
     for t in meta["temperatures"]:
         out += ["", f"### Temperature {t:g}", "",
                 "| method | W | tokens | NFE | wall s | tok/s | tok/NFE | ms/NFE | non-model % | acc/verify "
-                "| tput ratio vs linear [95% CI] | wall diff ms/resp [95% CI] | tok/NFE ratio | time/NFE ratio |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
+                "| tput ratio vs ar [95% CI] | tput ratio vs linear [95% CI] | wall diff ms/resp [95% CI] "
+                "| tok/NFE ratio | time/NFE ratio |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---|"]
         for row in result["summary"]:
             if row["temperature"] != t:
                 continue
@@ -58,7 +61,8 @@ def schedules_markdown(result: dict) -> str:
             out.append(f"| {row['method']} | {_width(row)} "
                        f"| {row['tokens']} | {row['nfe']} | {row['wall_s']:.2f} | {row['throughput']:.1f} "
                        f"| {row['tokens_per_nfe']:.2f} | {row['ms_per_nfe']:.2f} | {100 * row['nonmodel_frac']:.1f} "
-                       f"| {row['mean_accepted']:.2f} " + cmp)
+                       f"| {row['mean_accepted']:.2f} "
+                       f"| {_ci(row['vs_ar']['throughput_ratio'], '.3f') if 'vs_ar' in row else ''} " + cmp)
         out += ["", "Cost model, per decode iteration after the prefill. Predicted model time = calls x tau + rows "
                 "x delta; decode-rate ratios to Linear-SS (tokens/iter over time/iter) from the predicted model "
                 "time, the measured model time, and the measured model + non-model time:", "",
@@ -136,20 +140,24 @@ def plot_ratios(result: dict, path: Path):
 def any_order_markdown(result: dict) -> str:
     """bench.md of the any-order benchmark: one row per method."""
     meta = result["meta"]
+    widths = meta.get("widths", {})
     lines = [f"Any-order schedules, W={meta['width']}, {meta['n_prompts']} HumanEval prompts, "
              f"{meta['max_new_tokens']} new tokens, greedy, {meta['threads']} thread(s); "
              "ratios: paired bootstrap 95% CI against Linear-SS under the same order (LTR for ar / native).", "",
-             "| method | order | tokens/NFE | tok/s | ms/NFE | non-model % | accepted/verify | = serial ref "
-             "| = AR greedy | AR token agreement | throughput / linear | tokens/NFE / linear |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| method | order | W | tokens/NFE | tok/s | ms/NFE | non-model % | accepted/verify | = serial ref "
+             "| = AR greedy | AR token agreement | throughput / ar | throughput / linear | tokens/NFE / linear |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["summary"]:
         vs = r.get("vs_linear")
         ci = (lambda k: _ci(vs[k], ".3f")) if vs else (lambda k: "1")
         acc = "" if r["accepted_per_verify"] is None else f"{r['accepted_per_verify']:.2f}"
         ser = "" if r["same_as_serial"] is None else f"{r['same_as_serial']:.2f}"
-        lines.append(f"| {r['method']} | {r['order'] or ''} | {r['tokens_per_nfe']:.3f} | {r['throughput']:.1f} | "
-                     f"{r['ms_per_nfe']:.2f} | {100 * r['nonmodel_frac']:.1f} | {acc} | {ser} | {r['same_as_ar']:.2f} | "
-                     f"{r['ar_token_agreement']:.3f} | {ci('throughput_ratio')} | {ci('tokens_per_nfe_ratio')} |")
+        label = r["method"] if r["order"] is None else f"{r['method']}-{r['order']}"
+        vs_ar = _ci(r["vs_ar"]["throughput_ratio"], ".3f") if "vs_ar" in r else "1"
+        lines.append(f"| {r['method']} | {r['order'] or ''} | {widths.get(label, '')} | "
+                     f"{r['tokens_per_nfe']:.3f} | {r['throughput']:.1f} | {r['ms_per_nfe']:.2f} | "
+                     f"{100 * r['nonmodel_frac']:.1f} | {acc} | {ser} | {r['same_as_ar']:.2f} | "
+                     f"{r['ar_token_agreement']:.3f} | {vs_ar} | {ci('throughput_ratio')} | {ci('tokens_per_nfe_ratio')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -54,7 +54,7 @@ QUICK = dict(limit=4, max_new_tokens=32, widths=[4], latency_reps=5)
 class ScheduleRecord:
     """One response. `iterations`: decode iterations after the prefill call (verifications, AR steps)."""
     method: str
-    width: int | None
+    width: int | str | None     # "auto": the engine chose (summary rows give the choice)
     temperature: float
     prompt: int
     sample: int
@@ -74,22 +74,23 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else default_model_path()
     dtype = DTYPES[args.dtype]
-    model = load_model(path, device=args.device, dtype=dtype)
+    adapter = {"auto": "auto", "none": None}.get(args.draft_adapter, args.draft_adapter)
+    model = load_model(path, device=args.device, dtype=dtype, draft_adapter=adapter)
     prompts = tokenized_prompts(load_tokenizer(path), args.limit)
     lengths = [len(ids) for _, ids in prompts]
     start, load0 = time.perf_counter(), os.getloadavg()[0]
 
-    cache_len = int(np.mean(lengths)) + args.max_new_tokens // 2
-    capacity = engine_capacity(int(np.median(lengths)), args.max_new_tokens, max(args.widths))
-    log(f"latency: {args.latency_reps} repetitions per layout at {cache_len} cached tokens ...")
-    latency = measure_latency(model, args.widths, cache_len, capacity, args.latency_reps)
-    log(f"  tau = {latency['tau_ms']:.3f} ms, delta = {latency['delta_ms']:.4f} ms/row, "
-        f"RMS residual {latency['rms_residual_ms']:.3f} ms")
-
     timer = CallTimer(model, model.device)
     methods = [Ours(model, name, w, timer) for name in args.schedules if name != "ar" for w in args.widths]
     if "ar" in args.schedules:
-        methods.insert(0, Ours(model, "ar", args.widths[0], timer))
+        methods.insert(0, Ours(model, "ar", 1, timer))
+    widths = sorted({m.engine.width for m in methods if m.name != "ar"})
+    cache_len = int(np.mean(lengths)) + args.max_new_tokens // 2
+    capacity = engine_capacity(int(np.median(lengths)), args.max_new_tokens, max(widths))
+    log(f"latency: {args.latency_reps} repetitions per layout at {cache_len} cached tokens ...")
+    latency = measure_latency(model, widths, cache_len, capacity, args.latency_reps)
+    log(f"  tau = {latency['tau_ms']:.3f} ms, delta = {latency['delta_ms']:.4f} ms/row, "
+        f"RMS residual {latency['rms_residual_ms']:.3f} ms")
     if args.peers:
         hf_model = load_hf(path, dtype, args.device)
         hf_timer = CallTimer(hf_model, model.device)
@@ -97,7 +98,7 @@ def run(args) -> dict:
         if "hf" in args.peers:
             methods.append(HF(hf_model, None, eos, hf_timer))
         if "hf-lookup" in args.peers:
-            methods += [HF(hf_model, w, eos, hf_timer) for w in args.widths]
+            methods += [HF(hf_model, w, eos, hf_timer) for w in args.widths if w != "auto"]
     for m in methods:
         m.warm_up(prompts[0][1], args.max_new_tokens)
 
@@ -124,6 +125,9 @@ def run(args) -> dict:
     result = {"meta": {"model": str(path), "dtype": args.dtype, "device": str(model.device),
                        "threads": torch.get_num_threads(), "n_prompts": len(prompts), "limit": args.limit,
                        "max_new_tokens": args.max_new_tokens, "widths": args.widths,
+                       "draft_adapter": args.draft_adapter, "draft_profile": model.draft_profile is not None,
+                       "auto_widths": {m.name: m.engine.width for m in methods
+                                       if isinstance(m, Ours) and m.width == "auto"},
                        "temperatures": args.temperatures, "samples": args.samples, "seed": args.seed,
                        "resamples": args.resamples, "quick": args.quick, "schedules": args.schedules,
                        "peers": args.peers, "torch": torch.__version__, "python": platform.python_version(),
@@ -138,7 +142,8 @@ def run(args) -> dict:
 
 
 def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n_prompts: int) -> dict:
-    """Per (method, width, temperature) aggregates, paired intervals and cost model against Linear-SS.
+    """Per (method, width, temperature) aggregates, paired intervals against Linear-SS and against our AR,
+    and the cost model against Linear-SS.
 
     Width-free methods (ar, hf) are compared with Linear-SS at every width.
     """
@@ -147,6 +152,7 @@ def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n
     summary, costs = [], []
     for t in args.temperatures:
         groups = {key: [r for r in records if r.temperature == t and (r.method, r.width) == key] for key in by_key}
+        ar = per_prompt(groups[("ar", None)], n_prompts) if ("ar", None) in groups else None
         for w in args.widths:
             linear = per_prompt(groups[("linear", w)], n_prompts)
             linear_cost = cost_model(by_key[("linear", w)], groups[("linear", w)], latency)
@@ -154,14 +160,18 @@ def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n
                 if m.width not in (w, None):
                     continue
                 row = {"method": m.name, "width": m.width, "vs_width": w, "temperature": t,
+                       "engine_width": m.engine.width if isinstance(m, Ours) and m.width else None,
                        **aggregate(groups[key])}
                 if key != ("linear", w):
                     row["vs_linear"] = paired(per_prompt(groups[key], n_prompts), linear, counts)
+                if ar is not None and key != ("ar", None):
+                    row["vs_ar"] = paired(per_prompt(groups[key], n_prompts), ar, counts)
                 summary.append(row)
                 if isinstance(m, Ours):
                     c = cost_model(m, groups[key], latency)
                     c["ratio_vs_linear"] = {k: v / linear_cost["rate"][k] for k, v in c.pop("rate").items()}
-                    costs.append({"method": m.name, "width": m.width, "vs_width": w, "temperature": t, **c})
+                    costs.append({"method": m.name, "width": m.width, "engine_width": m.engine.width,
+                                  "vs_width": w, "temperature": t, **c})
     return {"summary": summary, "cost_model": costs}
 
 
@@ -204,6 +214,15 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
+def _width(text: str) -> int | str:
+    if text == "auto":
+        return text
+    value = int(text)
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be in [1, 64] or 'auto', got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m packed_ss bench",
@@ -212,7 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "Linear-SS, transformers peers on the same weights, and a cost model.")
     add_shared_args(p, FULL, QUICK, outputs="bench.json, bench.md, *.png",
                     model="local model directory (default: the embedded model)")
-    p.add_argument("--widths", type=int, nargs="+", default=None, help=f"speculative widths (default {FULL['widths']})")
+    p.add_argument("--widths", type=_width, nargs="+", default=None,
+                   help=f"speculative widths, integers or 'auto' (the engine's choice; default {FULL['widths']})")
+    p.add_argument("--draft-adapter", default="auto",
+                   help="the drafting adapter: 'auto' (the one the model ships, the default), 'none', or a directory")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="default: 0 1")
     p.add_argument("--samples", type=int, default=1, help="responses per prompt at temperature > 0 (default 1)")
     p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES),

@@ -34,14 +34,15 @@ def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def collect_py_files(root: Path, max_files: int | None = None) -> list[tuple[str, str]]:
-    """All ``*.py`` files under ``root`` (no site-packages / __pycache__), as (relative posix path, text),
-    sorted by path. Files that are not valid UTF-8 (a few deliberately broken test inputs) are skipped."""
+def collect_py_files(root: Path, max_files: int | None = None, suffix: str = ".py") -> list[tuple[str, str]]:
+    """All ``*.py`` files (or files ending in `suffix`) under ``root`` (no site-packages / __pycache__), as
+    (relative posix path, text), sorted by path. Files that are not valid UTF-8 (a few deliberately broken
+    test inputs) are skipped."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
         for fn in sorted(filenames):
-            if not fn.endswith(".py"):
+            if not fn.endswith(suffix):
                 continue
             p = Path(dirpath) / fn
             try:

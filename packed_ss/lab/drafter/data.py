@@ -1,0 +1,69 @@
+"""Self-distillation data: the model's own continuations of corpus snippets, decoded by the engine.
+
+Corpus: the standard library's `.py` files (the split the shipped models were trained on: training files for
+the adapter, held-out files for its evaluation) or the user's own text (--data: a directory of files ending
+in --data-suffix, or one file cut into pieces of PIECE_LINES lines), split the same way, by a hash of the
+name. HumanEval is never read here: it is the benchmark. A prompt is --prompt-tokens tokens from a random
+line of a document; the base model continues it for --gen-tokens tokens, greedily or sampled at T = 1 (so
+that both kinds of decoding gain), with the engine (output equals AR decoding, exactly or in distribution).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ...engine import Engine
+from ..progress import progress
+from ..train.data import collect_py_files, is_heldout, stdlib_dir
+
+PIECE_LINES = 100
+
+
+def documents(data: str | None, suffix: str, heldout_pct: float) -> tuple[list[str], list[str]]:
+    """(training texts, held-out texts) of the corpus."""
+    root = Path(data) if data else stdlib_dir()
+    if root.is_file():
+        lines = root.read_text(encoding="utf-8").splitlines(keepends=True)
+        named = [(f"{root.name}:{i}", "".join(lines[i:i + PIECE_LINES])) for i in range(0, len(lines), PIECE_LINES)]
+    elif root.is_dir():
+        named = collect_py_files(root, suffix=suffix)
+    else:
+        raise ValueError(f"data: {root} is neither a file nor a directory")
+    train = [text for name, text in named if not is_heldout(name, heldout_pct)]
+    held = [text for name, text in named if is_heldout(name, heldout_pct)]
+    if not train or not held:
+        raise ValueError(f"data: {root} gives {len(train)} training and {len(held)} held-out documents; both "
+                         "must be non-empty (add text, or change --heldout-pct)")
+    return train, held
+
+
+def prompts(texts: list[str], tokenizer, n: int, length: int, gen: torch.Generator) -> list[list[int]]:
+    """n prompts of `length` tokens, each from a random line of a random document (shorter ones skipped)."""
+    out, tries = [], 0
+    while len(out) < n:
+        tries += 1
+        if tries > 50 * n:
+            raise ValueError(f"data: too few documents with {length} tokens after a random line")
+        text = texts[int(torch.randint(len(texts), (), generator=gen))]
+        lines = text.splitlines(keepends=True)
+        start = int(torch.randint(len(lines), (), generator=gen))
+        ids = tokenizer.encode("".join(lines[start:])[:16 * length]).ids[:length]
+        if len(ids) == length:
+            out.append(ids)
+    return out
+
+
+def continuations(model, prompt_ids: list[list[int]], new_tokens: int, sampled_frac: float, seed: int,
+                  desc: str) -> list[tuple[int, torch.Tensor]]:
+    """(prompt length, prompt + continuation) per prompt: the first (1 - sampled_frac) share greedy, the rest
+    sampled at T = 1 with seed `seed + i`. Continuations end at the model's EOS."""
+    engine = Engine(model, schedule="packed", width=3)
+    n_greedy = round(len(prompt_ids) * (1 - sampled_frac))
+    out = []
+    with progress(len(prompt_ids), desc, unit="seq") as bar:
+        for i, prompt in enumerate(prompt_ids):
+            res = engine.generate(prompt, new_tokens, temperature=0.0 if i < n_greedy else 1.0, seed=seed + i)
+            out.append((len(prompt), torch.tensor(prompt + res.tokens, device=model.device)))
+            bar.update()
+    return out

@@ -1,0 +1,75 @@
+"""How far ahead the drafter is right, measured on the model's own greedy continuations.
+
+At every prefix n of a continuation the drafting call (calls.py, as the engine issues it) drafts W tokens;
+against the continuation (the verifier's greedy output) we count per-slot accuracy and the leading match h.
+The acceptance profile replays greedy decoding on the same continuations with these drafts, for every
+width w = 1..W: tokens per iteration when each iteration verifies a draft from the current prefix ("fresh":
+Linear-SS, Quadratic-SS) and when it verifies the previous call's proposal, shifted by what that call
+accepted ("lagged": Packed-SS, paper Alg. 1). A width-w draft is taken as the first w tokens of the width-W
+draft (one drafting call per prefix instead of W; the mask rows of a narrower call see fewer masks, so this
+is an approximation, checked against the engine by the benchmark). `width="auto"` (packed_ss/width.py)
+reads the profile.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..progress import progress
+from .calls import base_cache, drafting_logits
+
+
+def leading(drafts: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """Leading matches per row: the number of first tokens of `drafts` equal to `truth` ([G, W] both)."""
+    return (drafts == truth).int().cumprod(-1).sum(-1)
+
+
+@torch.no_grad()
+def greedy_drafts(model, seq, cache, starts, width: int, any_order: bool, chunk: int = 64) -> torch.Tensor:
+    """[G, W] argmax drafts from each prefix in `starts`."""
+    return torch.cat([drafting_logits(model, seq, cache, starts[i:i + chunk], width, any_order).argmax(-1)
+                      for i in range(0, len(starts), chunk)])
+
+
+def replay(drafts: torch.Tensor, seq: torch.Tensor, first: int, width: int, lagged: bool) -> tuple[int, int]:
+    """(tokens, iterations) of greedy decoding at `width` from prefix `first` while there are drafts:
+    drafts[n - first, :width] is the draft from prefix n (rows up to len(seq) - drafts.shape[1])."""
+    n, tokens, iterations = first, 0, 0
+    draft = drafts[0, :width]
+    while n - first < len(drafts):
+        if not lagged:
+            draft = drafts[n - first, :width]
+        h = int(leading(draft[None], seq[n:n + len(draft)][None])) if len(draft) else 0
+        if lagged:
+            draft = drafts[n - first, h + 1:width]  # this call's proposal, minus what it emitted
+        n, tokens, iterations = n + h + 1, tokens + h + 1, iterations + 1
+    return tokens, iterations
+
+
+def acceptance(model, sequences: list[tuple[int, torch.Tensor]], max_width: int, any_order: bool,
+               desc: str) -> dict:
+    """Per-slot accuracy, P(h >= k) and mean h of width-`max_width` drafts at every prefix of the greedy
+    continuations, and the acceptance profile for widths 1..max_width."""
+    model.eval()
+    hits, at_least, n_drafts, mean_h = torch.zeros(max_width), torch.zeros(max_width), 0, 0.0
+    totals = {kind: torch.zeros(max_width, 2) for kind in ("fresh", "lagged")}
+    slots = torch.arange(max_width)
+    with progress(len(sequences), desc, unit="seq") as bar:
+        for first, seq in sequences:
+            bar.update()
+            starts = torch.arange(first, seq.numel() - max_width + 1, device=seq.device)
+            if len(starts) == 0:
+                continue
+            drafts = greedy_drafts(model, seq, base_cache(model, seq), starts, max_width, any_order).cpu()
+            truth = seq[starts[:, None] + slots.to(seq.device)].cpu()
+            h = leading(drafts, truth)
+            hits += (drafts == truth).sum(0)
+            at_least += (h[:, None] >= slots + 1).sum(0)
+            n_drafts, mean_h = n_drafts + len(h), mean_h + float(h.sum())
+            for width in range(1, max_width + 1):
+                for kind in totals:
+                    totals[kind][width - 1] += torch.tensor(replay(drafts, seq.cpu(), first, width, kind == "lagged"))
+    n = max(n_drafts, 1)
+    rounded = lambda t: [round(float(x), 4) for x in t]  # noqa: E731
+    return {"width": max_width, "drafts": n_drafts, "slot_accuracy": rounded(hits / n),
+            "leading_at_least": rounded(at_least / n), "mean_leading": round(mean_h / n, 4),
+            "profile": {kind: rounded(t[:, 0] / t[:, 1].clamp(min=1)) for kind, t in totals.items()}}

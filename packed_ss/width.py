@@ -1,0 +1,101 @@
+"""width="auto": the draft width that maximises expected tokens per second on this model and device.
+
+Two measurements meet here:
+- the drafter's acceptance profile (draft_profile.json beside the drafting adapter, or in the model
+  directory for the model's own drafter; `python -m packed_ss train-drafter` writes it): expected tokens
+  per iteration at each width W = 1..Wp, replayed on the model's own greedy continuations, once for drafts
+  from the current prefix ("fresh": Linear-SS, Quadratic-SS) and once for the previous call's proposals
+  ("lagged": Packed-SS);
+- the per-call latency tau + delta * rows, fitted once per (model, device, dtype, attention backend) and
+  process from a few timed calls at the row counts the candidate widths use.
+An iteration of schedule s at width W costs sum over its calls (tau + delta * rows); W = argmax of
+tokens(W) / cost(W) over 1..min(Wp, block_size - 1), the smallest on a tie. Without a profile (or for the
+AR and native schedules) the width is the fixed default. The choice is made once per engine, so a step has
+one shape (one compiled graph) per engine.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .model.attention import Layout
+
+PROFILE_FILE = "draft_profile.json"
+PROFILE_KIND = {"packed": "lagged", "linear": "fresh", "quadratic": "fresh"}
+CACHED_TOKENS = 256
+REPS = 5
+
+
+
+@dataclass(frozen=True)
+class CallCost:
+    tau_ms: float
+    delta_ms: float
+
+    def iteration_ms(self, rows: list[int]) -> float:
+        return sum(self.tau_ms + self.delta_ms * r for r in rows)
+
+
+_costs: dict[tuple, CallCost] = {}     # per process: (model, device, dtype, backend, row counts) -> fit
+
+
+def read_profile(directory: str | Path) -> dict | None:
+    """The acceptance profile in `directory` (None when there is none)."""
+    file = Path(directory) / PROFILE_FILE
+    if not file.is_file():
+        return None
+    profile = json.loads(file.read_text())
+    width = profile.get("width")
+    for kind in PROFILE_KIND.values():
+        values = profile.get(kind)
+        if not (isinstance(values, list) and len(values) == width and all(v >= 1 for v in values)):
+            raise ValueError(f"{file}: {kind!r} must list expected tokens per iteration (each >= 1) for widths "
+                             f"1..{width}")
+    return profile
+
+
+def choose_width(tokens: list[float], rows_of: Callable[[int], list[int]], cost: CallCost) -> int:
+    """The width W in 1..len(tokens) maximising tokens[W-1] / cost.iteration_ms(rows_of(W)); ties: smallest."""
+    if not tokens:
+        raise ValueError("tokens must list expected tokens per iteration for widths 1.., got an empty list")
+    rates = [t / cost.iteration_ms(rows_of(w)) for w, t in enumerate(tokens, 1)]
+    return max(range(len(rates)), key=lambda i: (rates[i], -i)) + 1
+
+
+@torch.inference_mode()
+def call_cost(model, attend, backend: str, rows: list[int]) -> CallCost:
+    """tau + delta * rows fitted to the median time of REPS calls at each row count in `rows` (cached-only
+    drafting-shaped calls over CACHED_TOKENS cached tokens); measured once per process for each key."""
+    device = model.device
+    key = (id(model), str(device), model.dtype, backend, tuple(sorted(set(rows))))
+    if key in _costs:
+        return _costs[key]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    cache = model.new_cache(CACHED_TOKENS + max(rows))
+    cache_len = torch.tensor(CACHED_TOKENS, device=device)
+    points = []
+    for n in key[-1]:
+        lay = Layout(0, torch.ones(n, dtype=torch.int64, device=device), torch.full((n,), -1, device=device), 0)
+        tokens = torch.full((n,), model.cfg.mask_token_id, device=device)
+        positions = cache_len + torch.arange(n, device=device)
+        times = []
+        for i in range(REPS + 2):
+            sync()
+            t0 = time.perf_counter()
+            model(tokens, positions, lay, cache, cache_len, attend=attend)
+            sync()
+            times.append(time.perf_counter() - t0)
+        points.append((n, 1e3 * statistics.median(times[2:])))
+    if len(points) == 1:
+        cost = CallCost(points[0][1], 0.0)
+    else:
+        fit = statistics.linear_regression([float(n) for n, _ in points], [ms for _, ms in points])
+        cost = CallCost(max(fit.intercept, 1e-6), max(fit.slope, 0.0))
+    _costs[key] = cost
+    return cost

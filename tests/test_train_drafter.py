@@ -1,0 +1,119 @@
+"""The drafter trainer (packed_ss/lab/drafter): its drafting calls are the engine's, its replay of greedy
+decoding is the engine's, and `train-drafter` runs end to end on a tiny budget and writes an adapter that
+load_model(draft_adapter=...) attaches, that changes the drafts and never the output."""
+import json
+
+import pytest
+import torch
+from tiny_models import checkpoint
+
+import packed_ss
+from packed_ss.cli import main
+from packed_ss.decode.schedules.base import layout
+from packed_ss.lab.drafter import lora
+from packed_ss.lab.drafter.calls import base_cache, drafting_logits, targets
+from packed_ss.lab.drafter.profile import leading, replay
+from packed_ss.model.attention import Layout
+
+SEQ = torch.tensor([5, 17, 42, 8, 9, 60, 3, 12, 77, 31, 2, 44, 50, 7])
+
+
+@pytest.mark.parametrize("any_order", [False, True])
+def test_drafting_calls_are_the_engines(any_order):
+    """A batch of groups gives the logits of the engine's own drafting call from each prefix (LoRA on)."""
+    name = "qwen3-qknorm" if any_order else "llama-gqa"
+    model = packed_ss.load_model(checkpoint(name, any_order=True) if any_order else checkpoint(name),
+                                 dtype=torch.float64)
+    lora.attach(model, ["q_proj", "o_proj", "down_proj"], 4, 8.0, torch.Generator().manual_seed(0))
+    for linear in lora.modules(model, ["q_proj", "o_proj", "down_proj"]).values():
+        torch.nn.init.normal_(linear.lora.b, std=0.1)
+    width, starts = 3, torch.tensor([4, 7, 9])
+    with torch.no_grad():
+        batched = drafting_logits(model, SEQ, base_cache(model, SEQ), starts, width, any_order)
+        for g, n in enumerate(starts.tolist()):
+            cached = n if any_order else n - 1
+            cache = model.new_cache(cached + width + 1)
+            lay = Layout(cached, torch.zeros(cached, dtype=torch.int64), torch.arange(cached))
+            model(SEQ[:cached], torch.arange(cached), lay, cache, torch.tensor(0))     # the base model's prefix
+            if any_order:      # R rows: each mask alone over the prefix
+                tokens, lay = torch.full((width,), model.cfg.mask_token_id), layout("cpu", 0, range(1, width + 1),
+                                                                                     [-1] * width)
+            else:              # Packed-SS's proposal region / Linear-SS's draft call [x_(n-1), MASK^W]
+                tokens = torch.cat([SEQ[n - 1:n], torch.full((width,), model.cfg.mask_token_id)])
+                lay = layout("cpu", 0, [1] * (width + 1), [-1] * (width + 1))
+            out = model(tokens, cached + torch.arange(len(tokens)), lay, cache, torch.tensor(cached))
+            torch.testing.assert_close(batched[g], out[-width:], rtol=1e-9, atol=1e-9)
+
+
+def test_targets_and_leading():
+    assert targets(SEQ, torch.tensor([12]), 3).tolist() == [[50, 7, -100]]
+    assert leading(torch.tensor([[1, 2, 3], [1, 0, 3], [0, 2, 3]]), torch.tensor([[1, 2, 3]] * 3)).tolist() == [3, 1, 0]
+
+
+def test_replay_of_perfect_and_useless_drafts():
+    seq = torch.arange(40)
+    width, first = 4, 10
+    perfect = torch.stack([seq[n:n + width] for n in range(first, 40 - width + 1)])
+    tokens, iterations = replay(perfect, seq, first, width, lagged=False)
+    assert tokens == iterations * (width + 1)               # every draft accepted, plus the bonus token
+    tokens, iterations = replay(perfect, seq, first, width, lagged=True)
+    # W+1 first; then the call's proposal is all emitted: 1 token, then the W-1 proposals left plus a bonus
+    assert tokens == (width + 1) + (iterations - 1) // 2 * (width + 1) + (iterations - 1) % 2
+    useless = torch.full_like(perfect, -1)
+    for lagged in (False, True):
+        tokens, iterations = replay(useless, seq, first, width, lagged)
+        assert tokens == iterations
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("drafter") / "adapter"
+    argv = ["train-drafter", "default", "--out", str(out), "--steps", "3", "--sequences", "4", "--eval-sequences",
+            "2", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--batch", "2", "--queries", "8",
+            "--rank", "4", "--targets", "q_proj,o_proj,down_proj", "--threads", "1", "--seed", "1"]
+    assert main(argv) == 0
+    return out
+
+
+def test_train_drafter_writes_a_peft_adapter_that_loads(trained):
+    config = json.loads((trained / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert sorted(config["target_modules"]) == ["down_proj", "o_proj", "q_proj"]
+    report = json.loads((trained / "report.json").read_text())
+    assert report["training"]["steps"] == 3 and len(report["after"]["slot_accuracy"]) == 4
+    profile = json.loads((trained / "draft_profile.json").read_text())
+    assert profile["width"] == 4 and len(profile["lagged"]) == len(profile["fresh"]) == 4
+    model = packed_ss.load_model(packed_ss.default_model_path(), draft_adapter=trained)
+    assert model.model.layers[0].self_attn.q_proj.lora is not None
+    assert model.model.layers[0].self_attn.k_proj.lora is None
+    assert model.draft_profile == profile
+
+
+def test_trained_adapter_changes_drafts_never_output(trained):
+    tok = packed_ss.load_tokenizer()
+    prompt = tok.encode("def add(a, b):\n    return").ids
+    base = packed_ss.load_model(draft_adapter=None)
+    adapted = packed_ss.load_model(draft_adapter=trained)
+    for linear in lora.modules(adapted, ["q_proj"]).values():     # make sure the drafts move
+        linear.lora.b.add_(0.05)
+    moved = False
+    for schedule in ("linear", "quadratic", "packed"):
+        a = packed_ss.Engine(adapted, schedule, width=4).generate(prompt, 32, eos_token_id=[])
+        b = packed_ss.Engine(base, schedule, width=4).generate(prompt, 32, eos_token_id=[])
+        assert a.tokens == b.tokens
+        moved |= a.n_accepted != b.n_accepted
+    assert moved
+
+
+def test_train_drafter_is_deterministic(trained, tmp_path):
+    argv = ["train-drafter", "default", "--out", str(tmp_path / "again"), "--steps", "3", "--sequences", "4",
+            "--eval-sequences", "2", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--batch", "2",
+            "--queries", "8", "--rank", "4", "--targets", "q_proj,o_proj,down_proj", "--threads", "1", "--seed", "1"]
+    assert main(argv) == 0
+    assert (tmp_path / "again" / "adapter_model.safetensors").read_bytes() == \
+        (trained / "adapter_model.safetensors").read_bytes()
+
+
+def test_train_drafter_rejects_bad_arguments(tmp_path, capsys):
+    assert main(["train-drafter", "default", "--out", str(tmp_path / "x"), "--targets", "lm_head"]) == 2
+    assert "--targets must be" in capsys.readouterr().err

@@ -1,0 +1,79 @@
+"""width="auto" (packed_ss/width.py): the choice from an acceptance profile and a per-call cost, the engine's
+use of it (engine.width reports it), and the profile file's checks."""
+import dataclasses
+import json
+
+import pytest
+from tiny_models import checkpoint
+
+import packed_ss
+import packed_ss.engine
+from packed_ss.width import PROFILE_FILE, CallCost, call_cost, choose_width, read_profile
+
+PROFILE = {"width": 6, "lagged": [1.0, 1.5, 2.0, 2.4, 2.6, 2.7], "fresh": [1.8, 2.5, 3.0, 3.3, 3.4, 3.45]}
+
+
+def test_choice_by_hand():
+    packed_rows = lambda w: [2 * (w + 1)]    # noqa: E731
+    # tau 5, delta 0.5: W=3 costs 9 ms for 2.0 tokens (0.222/ms), W=4 10 ms for 2.4 (0.24), W=5 11 ms (0.236)
+    assert choose_width(PROFILE["lagged"], packed_rows, CallCost(5.0, 0.5)) == 4
+    # rows almost free: the widest pays
+    assert choose_width(PROFILE["lagged"], packed_rows, CallCost(5.0, 0.001)) == 6
+    # rows expensive: the narrowest does
+    assert choose_width(PROFILE["fresh"], lambda w: [w + 1, w + 1], CallCost(0.1, 10.0)) == 1
+    assert choose_width([2.0, 2.0, 2.0], lambda w: [1], CallCost(1.0, 0.0)) == 1      # a tie: the smallest
+    with pytest.raises(ValueError, match="tokens must list"):
+        choose_width([], packed_rows, CallCost(1.0, 1.0))
+
+
+@pytest.fixture
+def model():
+    return packed_ss.load_model(checkpoint("llama-gqa"))
+
+
+def test_engine_reports_the_auto_width(model, monkeypatch):
+    seen = []
+
+    def cost(m, attend, backend, rows):
+        seen.append(rows)
+        return CallCost(5.0, 0.5)
+    monkeypatch.setattr(packed_ss.engine, "call_cost", cost)
+    model.draft_profile = PROFILE
+    assert packed_ss.Engine(model, "packed").width == 4
+    assert packed_ss.Engine(model, "packed", width="auto").width == 4
+    # Linear-SS: two calls of W+1 rows, fresh drafts: 1.8 / 11 < 2.5 / 12 < 3.0 / 13 < 3.3 / 14 > 3.4 / 15
+    assert packed_ss.Engine(model, "linear").width == 4
+    assert seen[0] == [4, 10, 14]     # the smallest, middle and largest of packed's 2(W+1) rows, W = 1..6
+    assert packed_ss.Engine(model, "packed", width=2).width == 2
+    assert packed_ss.Engine(model, "ar").width == packed_ss.engine.DEFAULT_WIDTH
+    model.draft_profile = None
+    assert packed_ss.Engine(model, "packed").width == packed_ss.engine.DEFAULT_WIDTH
+
+
+def test_auto_width_respects_block_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(packed_ss.engine, "call_cost", lambda *a: CallCost(5.0, 0.001))
+    model = packed_ss.load_model(checkpoint("llama-gqa"))
+    model.draft_profile = PROFILE
+    model.cfg = dataclasses.replace(model.cfg, block_size=4)
+    assert packed_ss.Engine(model, "packed").width == 3
+
+
+def test_call_cost_is_measured_once(model):
+    attend = packed_ss.model.attention.packed_attention_ref
+    first = call_cost(model, attend, "torch", [2, 8])
+    assert first.tau_ms > 0 and first.delta_ms >= 0
+    assert call_cost(model, attend, "torch", [8, 2]) is first
+
+
+def test_profile_file(tmp_path):
+    assert read_profile(tmp_path) is None
+    (tmp_path / PROFILE_FILE).write_text(json.dumps(PROFILE))
+    assert read_profile(tmp_path) == PROFILE
+    (tmp_path / PROFILE_FILE).write_text(json.dumps(dict(PROFILE, lagged=[1.0, 2.0])))
+    with pytest.raises(ValueError, match="'lagged' must list expected tokens per iteration"):
+        read_profile(tmp_path)
+
+
+def test_width_validation_still_names_the_range(model):
+    with pytest.raises(ValueError, match=r"width must be an integer \[1, 64\]"):
+        packed_ss.Engine(model, "packed", width="wide")

@@ -16,12 +16,9 @@ from .decode.any_order import ORDERS
 from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.schedules import SCHEDULES
 from .engine import MAX_WIDTH, Engine
-from .model.loading import default_model_path, load_model
+from .model.loading import DTYPES, default_model_path, load_model
 from .model.setdlm import convert
 from .model.tokenizer import load_tokenizer
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-          "float16": torch.float16}
 
 
 def _positive_int(text: str) -> int:

@@ -39,6 +39,10 @@ def nld_name(name: str) -> str:
     return "model." + name.removeprefix("encoder.") if name.startswith("encoder.") else name
 
 
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}   # the dtypes a model loads in, by the names the CLIs take
+
+
 def default_dtype(cfg: ModelConfig, device) -> torch.dtype:
     """The checkpoint's own dtype on CUDA, float32 elsewhere (half precision is slow on CPUs)."""
     if torch.device(device).type != "cuda" or cfg.torch_dtype is None:

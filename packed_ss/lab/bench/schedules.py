@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ...decode.schedules import SCHEDULES
-from ...model.loading import default_model_path, load_model
+from ...model.loading import DTYPES, default_model_path, load_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
@@ -44,7 +44,6 @@ from .options import add_shared_args, apply_preset
 from .report import plot_latency, plot_ratios, schedules_markdown
 from .stats import bootstrap_counts, paired, per_prompt
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 PEERS = ("hf", "hf-lookup")
 FULL = dict(limit=40, max_new_tokens=128, widths=[8], latency_reps=30)
 QUICK = dict(limit=4, max_new_tokens=32, widths=[4], latency_reps=5)

@@ -1,9 +1,19 @@
 """Command-line options both benchmarks share: output directory, model, the HumanEval prompt count and
-response length with their full and --quick presets, the bootstrap and the thread count."""
+response length with their full and --quick presets, the bootstrap and the thread count, and widths."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+
+def width(text: str) -> int | str:
+    """A speculative width for argparse: an integer in [1, 64], or 'auto' (the engine's own choice)."""
+    if text == "auto":
+        return text
+    value = int(text) if text.isdigit() else 0
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, 64] or 'auto', got {text!r}")
+    return value
 
 
 def add_shared_args(p: argparse.ArgumentParser, full: dict, quick: dict, outputs: str, model: str) -> None:

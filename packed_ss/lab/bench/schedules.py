@@ -40,7 +40,7 @@ from ..humaneval import tokenized_prompts
 from ..progress import progress
 from .latency import engine_capacity, measure_latency
 from .methods import HF, CallTimer, Ours, load_hf
-from .options import add_shared_args, apply_preset
+from .options import add_shared_args, apply_preset, width
 from .report import plot_latency, plot_ratios, schedules_markdown
 from .stats import bootstrap_counts, paired, per_prompt
 
@@ -213,15 +213,6 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
-def _width(text: str) -> int | str:
-    if text == "auto":
-        return text
-    value = int(text)
-    if not 1 <= value <= 64:
-        raise argparse.ArgumentTypeError(f"must be in [1, 64] or 'auto', got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m packed_ss bench",
@@ -230,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "Linear-SS, transformers peers on the same weights, and a cost model.")
     add_shared_args(p, FULL, QUICK, outputs="bench.json, bench.md, *.png",
                     model="local model directory (default: the embedded model)")
-    p.add_argument("--widths", type=_width, nargs="+", default=None,
+    p.add_argument("--widths", type=width, nargs="+", default=None,
                    help=f"speculative widths, integers or 'auto' (the engine's choice; default {FULL['widths']})")
     p.add_argument("--draft-adapter", default="auto",
                    help="the drafting adapter: 'auto' (the one the model ships, the default), 'none', or a directory")

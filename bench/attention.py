@@ -200,8 +200,9 @@ def sweep(case, timer, skipped):
                 for warps in (4, 8):
                     kw = dict(block_m=bm, block_n=bn, num_splits=splits, num_warps=warps)
                     r = case.measure("fused", case.fused(**kw), timer, skipped)
-                    if r is not None:
+                    if r is not None:                # printed as measured: a timeout keeps them
                         results.append(dict(kw, us=r["us"], max_err=r["max_err"]))
+                        print(f"  sweep {kw} {r['us']:.1f} us", flush=True)
     return sorted(results, key=lambda r: r["us"])
 
 

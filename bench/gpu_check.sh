@@ -11,7 +11,7 @@
 #
 # Written for the device image (python3 = /opt/torch/.venv, torch 2.11 + cu130, triton 3.6, numpy 2.5;
 # no flash-attn): nothing is fetched; stage time limits leave room to rerun inside one 10-minute call.
-#   run: command="bash bench/gpu_check.sh", timeout_s=540 (stages stop at 4 + 3.25 + 0.75 minutes)
+#   run: command="bash bench/gpu_check.sh", timeout_s=480 (stages stop at 200 + 150 + 45 seconds)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -47,11 +47,11 @@ $PY -c "from packed_ss.decode.epilogue import main; main([])" 2>&1 | tee -a "$OU
 # Tests run from /tmp so that the repo's own packed_ss/ (which has no kernels/) cannot shadow the install;
 # pytest-xdist (on the image) spreads the Triton compiles over the CPUs.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
-timeout 240 $PY -m pytest -q -p no:cacheprovider $XDIST "$REPO/tests/test_kernels.py" "$REPO/tests/test_gpu.py" \
+timeout 200 $PY -m pytest -q -p no:cacheprovider $XDIST "$REPO/tests/test_kernels.py" "$REPO/tests/test_gpu.py" \
   "$REPO/tests/test_epilogue.py" --durations=10 --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
 echo "tests exit: ${PIPESTATUS[0]}" | tee -a "$OUT/tests.log"
 
-timeout 195 $PY "$REPO/bench/attention.py" --sweep --out "$OUT/attention.json" 2>&1 | tee "$OUT/bench.log"
+timeout 150 $PY "$REPO/bench/attention.py" --sweep --out "$OUT/attention.json" 2>&1 | tee "$OUT/bench.log"
 echo "bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
 
 # Non-model decoder time per iteration at vocab 131072 (rows print and the JSON is rewritten as they come,

@@ -40,7 +40,7 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _online_update(acc, m_i, l_i, q, k, v, visible, scale_log2, PREC: tl.constexpr):
     """One flash-attention step: fold K/V block (k [N, D], v [N, D]) into the running softmax state."""
-    qk = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+    qk = (tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2).to(tl.float32)   # compile passes fp64 scales
     qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp2(m_i - m_new)

@@ -21,8 +21,8 @@ from epilogue_cases import differences, first_token_counts, g_test, make_case
 from tiny_models import checkpoint
 
 import packed_ss
-import packed_ss.decode.epilogue as epilogue_mod
-from packed_ss.decode.epilogue import NativeEpilogue, native_available
+import packed_ss.runtime.loop as loop_mod
+from packed_ss.decode.epilogue import NativeEpilogue, native_available, native_unavailable_reason
 from packed_ss.decode.sampling import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -40,20 +40,21 @@ def check_syncs(monkeypatch):
 
 @contextlib.contextmanager
 def no_sync():
-    """Assert that the runtime's sync check is on while a step runs (it could otherwise pass vacuously)."""
+    """Assert that the runtime's sync check is on while iterations run (it could otherwise pass vacuously):
+    every iteration, eager steps or a graph replay, of every program, native any-order decoder included."""
     seen = []
-    update = epilogue_mod.Epilogue.rows
+    iterate = loop_mod._Slot.iterate
 
-    def rows(self, logits):
+    def checked_iterate(self, first):
         seen.append(torch.cuda.get_sync_debug_mode())
-        return update(self, logits)
+        return iterate(self, first)
 
-    epilogue_mod.Epilogue.rows = rows
+    loop_mod._Slot.iterate = checked_iterate
     try:
         yield
     finally:
-        epilogue_mod.Epilogue.rows = update
-    assert seen and max(seen) == 2, f"steps ran with sync debug modes {sorted(set(seen))}, not 2 (error)"
+        loop_mod._Slot.iterate = iterate
+    assert seen and min(seen) == 2, f"iterations ran with sync debug modes {sorted(set(seen))}, not 2 (error)"
 
 
 @pytest.fixture
@@ -106,7 +107,7 @@ REQUESTS = [dict(prompt=PROMPT, max_new_tokens=40, eos_token_id=[]),
 @pytest.mark.parametrize("sampling", [dict(), dict(temperature=1.0, top_k=20)], ids=["greedy", "sampled"])
 def test_graph_replay_matches_eager(model, schedule, epilogue, sampling):
     if epilogue == "native" and not native_available("cuda"):
-        pytest.skip(epilogue_mod.native_unavailable_reason("cuda"))
+        pytest.skip(native_unavailable_reason("cuda"))
     eager = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue)
     graphed = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue, cuda_graph=True)
     for i, req in enumerate(REQUESTS * 2):      # twice: the second round replays graphs captured in the first

@@ -26,10 +26,13 @@ _constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _philox_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The round multipliers and key bumps as device tensors, made once per device: a decode step must not
-    copy Python data to the device (a host-to-device transfer per call, and no CUDA-graph capture)."""
+    """The round multipliers and key bumps as device tensors, made once per device by fill kernels: a decode
+    step must not copy Python data to the device (a synchronising transfer, and none can be captured), and
+    the first step of a process may be the one that makes them."""
     if device not in _constants:
-        _constants[device] = (torch.tensor(_PHILOX_M, device=device), torch.tensor(_PHILOX_W, device=device))
+        def words(values):
+            return torch.stack([torch.full((), v, dtype=torch.int64, device=device) for v in values])
+        _constants[device] = (words(_PHILOX_M), words(_PHILOX_W))
     return _constants[device]
 
 

@@ -115,7 +115,8 @@ class Runtime:
                 if status is not None and status.done:
                     break
             counts = torch.stack([st.nfe, st.n_verify, st.n_accepted, st.n_out])
-            nfe, n_verify, n_accepted, n_out, *output = poll.fetch(torch.cat([counts, st.out]))
+            output = st.out[: request.max_new_tokens]   # a graph slot's buffer is max_seq_len long
+            nfe, n_verify, n_accepted, n_out, *output = poll.fetch(torch.cat([counts, output]))
             extras = program.finish(st, poll.fetch) if hasattr(program, "finish") else {}
         model_s = self.model_s if self.mode == "eager" else math.nan
         return GenerateResult(output[:n_out], nfe, time.perf_counter() - start, model_s, n_verify, n_accepted,

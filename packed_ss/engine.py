@@ -20,6 +20,7 @@ from .runtime.program import call_layouts
 from .width import PROFILE_KIND, call_cost, choose_width
 
 MAX_WIDTH = 64
+MAX_BATCH = 256
 DEFAULT_WIDTH = 8
 
 
@@ -27,6 +28,15 @@ def _check_int(name, value, low, high=None):
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+
+
+def _per_request(name: str, value, n: int) -> list:
+    """One value per request: a list of n, or one value for all."""
+    if not isinstance(value, (list, tuple)):
+        return [value] * n
+    if len(value) != n:
+        raise ValueError(f"{name} must be one value or a list of one per prompt ({n}), got a list of {len(value)}")
+    return list(value)
 
 
 def _token_ids(name: str, ids, vocab: int) -> list[int]:
@@ -149,12 +159,7 @@ class Engine:
         """
         request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                         eos_token_id, stop_token_ids, stop_sequences)
-        decoding = self._decode(request, params, stream=False)
-        while True:
-            try:
-                next(decoding)
-            except StopIteration as end:
-                return end.value
+        return self._drain(self.runtime.decode(self.program(params), [request]))[0]
 
     def stream(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -166,10 +171,66 @@ class Engine:
         here, before anything runs."""
         request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                         eos_token_id, stop_token_ids, stop_sequences)
-        return self._decode(request, params, stream=True)
+        return self._tokens_of_one(self.runtime.decode(self.program(params), [request], stream=True))
 
-    def _decode(self, request: Request, params: SamplingParams, stream: bool):
-        return self.runtime.decode(self.program(params), request, stream)
+    def generate_batch(self, prompts, max_new_tokens: int | list[int] = 64, temperature: float = 0.0,
+                       top_k: int | None = None, top_p: float | None = None, seed: int | list[int] | None = None,
+                       eos_token_id: int | list[int] | None = None, stop_token_ids: list[int] | None = None,
+                       stop_sequences: list[list[int]] | None = None,
+                       batch_size: int | None = None) -> list[GenerateResult]:
+        """Decode several requests together; returns one GenerateResult per prompt, in order, each exactly what
+        `generate` gives that request alone (sampled ones too: random numbers follow each request's own seed
+        and counter, never its place in the batch).
+
+        `max_new_tokens` and `seed`: one value for all, or a list with one per prompt; an int seed s gives
+        request i the seed s + i (repeated prompts draw different samples), None random seeds. Sampling
+        settings and stops are shared. `batch_size`: requests decoded at once, one model call per step for
+        all of them (default: every prompt, at most MAX_BATCH); a finished request's slot takes the next
+        waiting one (continuous batching). Any-order models decode one request at a time (batch_size 1):
+        their calls' layouts follow each request's own window. Everything is checked before anything runs;
+        an error names the request's index.
+        """
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("prompts must contain at least one prompt")
+        n = len(prompts)
+        caps = _per_request("max_new_tokens", max_new_tokens, n)
+        if seed is None or isinstance(seed, (list, tuple)):
+            seeds = _per_request("seed", seed, n)
+        else:
+            _check_int("seed", seed, 0, 2**63 - n)
+            seeds = [seed + i for i in range(n)]
+        requests = []
+        for i, (prompt, cap, s) in enumerate(zip(prompts, caps, seeds)):
+            try:
+                request, params = self._request(prompt, cap, temperature, top_k, top_p, s, eos_token_id,
+                                                stop_token_ids, stop_sequences)
+            except ValueError as err:
+                raise ValueError(f"request {i}: {err}") from None
+            requests.append(request)
+        if self.any_order and batch_size not in (None, 1):
+            raise ValueError(f"batch_size must be 1 for an any-order model (each request's calls follow its own "
+                             f"window), got {batch_size!r}")
+        batch_size = min(n, 1 if self.any_order else MAX_BATCH) if batch_size is None else batch_size
+        _check_int("batch_size", batch_size, 1, MAX_BATCH)
+        return self._drain(self.runtime.decode(self.program(params), requests, batch_size))
+
+    @staticmethod
+    def _tokens_of_one(decoding) -> Iterator[list[int]]:
+        while True:
+            try:
+                _, tokens = next(decoding)
+            except StopIteration as end:
+                return end.value[0]
+            yield tokens
+
+    @staticmethod
+    def _drain(decoding) -> list[GenerateResult]:
+        while True:
+            try:
+                next(decoding)
+            except StopIteration as end:
+                return end.value
 
     def _request(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
                  stop_token_ids, stop_sequences) -> tuple[Request, SamplingParams]:

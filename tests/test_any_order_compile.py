@@ -37,12 +37,12 @@ def fresh_dynamo():
 
 
 def _decode(runtime, program, prompt, stops):
-    decoding = runtime.decode(program, Request(prompt, 12, 1, [], stops))
+    decoding = runtime.decode(program, [Request(prompt, 12, 1, [], stops)])
     while True:
         try:
             next(decoding)
         except StopIteration as end:
-            out = end.value
+            out = end.value[0]
             return out.tokens, out.nfe, out.n_verify, out.n_accepted, out.iterations
 
 

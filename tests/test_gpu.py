@@ -43,17 +43,17 @@ def no_sync():
     """Assert that the runtime's sync check is on while iterations run (it could otherwise pass vacuously):
     every iteration, eager steps or a graph replay, of every program, native any-order decoder included."""
     seen = []
-    iterate = loop_mod._Slot.iterate
+    iterate = loop_mod._Batch.iterate
 
     def checked_iterate(self, first):
         seen.append(torch.cuda.get_sync_debug_mode())
         return iterate(self, first)
 
-    loop_mod._Slot.iterate = checked_iterate
+    loop_mod._Batch.iterate = checked_iterate
     try:
         yield
     finally:
-        loop_mod._Slot.iterate = iterate
+        loop_mod._Batch.iterate = iterate
     assert seen and min(seen) == 2, f"iterations ran with sync debug modes {sorted(set(seen))}, not 2 (error)"
 
 

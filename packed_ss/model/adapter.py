@@ -61,7 +61,8 @@ class LoRA(nn.Module):
 
 
 class Linear(nn.Linear):
-    """nn.Linear (same parameter names) with an optional drafting adapter on rows >= draft_from."""
+    """nn.Linear (same parameter names) with an optional drafting adapter on rows >= draft_from (x: [..., rows,
+    features], a batch of calls sharing one layout included)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__(in_features, out_features, bias=bias)
@@ -70,7 +71,7 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor, draft_from: int | None = None) -> torch.Tensor:
         y = super().forward(x)
         if self.lora is not None and draft_from is not None:
-            y[draft_from:] += self.lora(x[draft_from:]).to(y.dtype)
+            y[..., draft_from:, :] += self.lora(x[..., draft_from:, :]).to(y.dtype)
         return y
 
 

@@ -44,17 +44,17 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def forward(self, x, rope, q_scale, k_cache, v_cache, cache_len, layout, attend):
-        rows, d, drafting = x.shape[0], self.cfg.head_dim, layout.draft_from
-        q = self.q_proj(x, drafting).view(rows, -1, d)
-        k = self.k_proj(x, drafting).view(rows, -1, d)
-        v = self.v_proj(x, drafting).view(rows, -1, d)
+        rows, d, drafting = x.shape[:-1], self.cfg.head_dim, layout.draft_from   # rows: (B, R)
+        q = self.q_proj(x, drafting).view(*rows, -1, d)
+        k = self.k_proj(x, drafting).view(*rows, -1, d)
+        v = self.v_proj(x, drafting).view(*rows, -1, d)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if q_scale is not None:
             q = q * q_scale
         out = attend(q, k, v, k_cache, v_cache, cache_len, layout, d ** -0.5)
-        return self.o_proj(out.reshape(rows, -1), drafting)
+        return self.o_proj(out.reshape(*rows, -1), drafting)
 
 
 class MLP(nn.Module):
@@ -93,13 +93,17 @@ class Backbone(nn.Module):
 
 @dataclass
 class KVCache:
-    """Per-layer keys and values, [layers, kv_heads, capacity, head_dim] each."""
+    """Per-layer keys and values: [layers, kv_heads, capacity, head_dim] each for one request, [layers, batch,
+    kv_heads, capacity, head_dim] for a batch (`request(b)` is request b's, a view)."""
     k: torch.Tensor
     v: torch.Tensor
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[-2]
+
+    def request(self, b: int) -> "KVCache":
+        return KVCache(self.k[:, b], self.v[:, b])
 
 
 class DualModeModel(nn.Module):
@@ -131,9 +135,10 @@ class DualModeModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def new_cache(self, capacity: int) -> KVCache:
+    def new_cache(self, capacity: int, batch: int | None = None) -> KVCache:
+        """A zeroed cache for one request, or for `batch` requests decoded together."""
         c = self.cfg
-        shape = (c.num_layers, c.num_kv_heads, capacity, c.head_dim)
+        shape = (c.num_layers, *([batch] if batch else []), c.num_kv_heads, capacity, c.head_dim)
         return KVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
                        torch.zeros(shape, dtype=self.dtype, device=self.device))
 
@@ -141,9 +146,15 @@ class DualModeModel(nn.Module):
                 cache_len: torch.Tensor, attend=packed_attention_ref) -> torch.Tensor:
         """Logits [rows, vocab] for one packed call; anchors' K/V are written into `cache`.
 
-        `attend` is the packed-attention backend (torch reference or a fused kernel, same contract). A
-        drafting adapter (adapter.py) applies to rows `layout.draft_from ..` only.
+        One request: tokens / positions [R], a one-request cache, cache_len 0-d. A batch of requests whose
+        calls share the layout: tokens / positions [B, R], a batch cache, cache_len [B] -> [B, R, vocab]
+        (each request attends to its own cache). `attend` is the packed-attention backend (torch reference
+        or a fused kernel, same contract), always called on a batch. A drafting adapter (adapter.py)
+        applies to rows `layout.draft_from ..` only.
         """
+        if tokens.dim() == 1:
+            one = KVCache(cache.k.unsqueeze(1), cache.v.unsqueeze(1))
+            return self.forward(tokens[None], positions[None], layout, one, cache_len.view(1), attend)[0]
         x = self.model.embed_tokens(tokens)
         rope = rope_cos_sin(self.inv_freq, self.rope_scaling, positions, x.dtype)
         q_scale = None
@@ -153,5 +164,5 @@ class DualModeModel(nn.Module):
             x = layer(x, rope, q_scale, cache.k[i], cache.v[i], cache_len, layout, attend)
         logits = self.lm_head(self.model.norm(x))
         if self.cfg.suppress_mask_logit:   # SetDLM: the mask token is never a prediction, on any row
-            logits[:, self.cfg.mask_token_id] = float("-inf")
+            logits[..., self.cfg.mask_token_id] = float("-inf")
         return logits

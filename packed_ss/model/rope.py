@@ -33,20 +33,20 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, scaling: float, positions: torch.Tensor, dtype: torch.dtype):
-    """cos, sin of shape [rows, head_dim] for integer positions."""
-    freqs = positions[:, None].float() * inv_freq[None, :]
+    """cos, sin of shape [..., rows, head_dim] for integer positions [..., rows]."""
+    freqs = positions[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [rows, heads, head_dim]; HF's rotate-half convention."""
+    """x: [..., rows, heads, head_dim], cos / sin [..., rows, head_dim]; HF's rotate-half convention."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    return x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
 
 
 def llama4_query_scale(positions: torch.Tensor, beta: float, original_max: int, dtype) -> torch.Tensor:
     """Nemotron/Ministral3 query scale 1 + beta*log(1 + floor(pos / original_max)), keyed by absolute position."""
     scale = 1 + beta * torch.log(1 + torch.floor(positions.float() / original_max))
-    return scale.to(dtype)[:, None, None]
+    return scale.to(dtype)[..., None, None]

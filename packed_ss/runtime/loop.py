@@ -1,15 +1,19 @@
-"""The decode loop both orders share: a prefill call, then the program's iterations until the poll says done.
+"""The decode loop both orders share: requests in a batch of slots, each a prefill call, then the program's
+iterations, one model call per step for the whole batch, until the poll says every request is done.
 
 Every iteration runs the program's steps (eagerly, compiled with torch.compile(fullgraph=True), or replayed
-from a CUDA graph), publishes the status row on the device and queues its copy to the host; the host reads
-one row per iteration (poll.py). `decode` is a generator: it yields each iteration's new tokens as the poll
-delivers them and returns the GenerateResult, so `Engine.generate` and `Engine.stream` are the same loop.
+from a CUDA graph), publishes the status table on the device and queues its copy to the host; the host reads
+one table per iteration (poll.py). A request that finishes frees its slot, and the next waiting request is
+admitted there (its prefill runs alone): continuous batching. `decode` is a generator: it yields each
+iteration's new tokens per request as the poll delivers them and returns the GenerateResults, so
+`Engine.generate`, `Engine.stream` and `Engine.generate_batch` are the same loop.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 import time
+from collections import deque
 from typing import Callable, Iterator
 
 import torch
@@ -25,7 +29,7 @@ CACHE_QUANTUM = 256
 
 
 class Runtime:
-    """Runs programs on one model: the KV cache, the loop in one of MODES, and each program's poll."""
+    """Runs programs on one model: the KV cache, the loop in one of MODES, and each program's batches."""
 
     def __init__(self, model: DualModeModel, attend, mode: str = "eager", compile_backend: str = "inductor",
                  max_seq_len: int | None = None):
@@ -33,145 +37,207 @@ class Runtime:
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         self.model_s = 0.0
         self._cache: KVCache | None = None
-        self._compiled: dict[int, object] = {}   # id(step) -> its compiled runner
-        self._slots: dict[int, _Slot] = {}       # id(program) -> persistent state and iteration (graph mode)
-        self._polls: dict[int, tuple] = {}       # id(program) -> (program, its poll)
+        self._compiled: dict[int, tuple] = {}         # id(step) -> (step, its compiled call)
+        self._batches: dict[tuple, _Batch] = {}       # (id(program), slots) -> persistent batch (graph mode)
 
     # -- the model call --------------------------------------------------------------------------------
     def forward(self, inp: ModelInput, cache: KVCache) -> torch.Tensor:
         return self.model(inp.tokens, inp.positions, inp.layout, cache, inp.cache_len, attend=self.attend)
 
     def _timed(self, step: Step, st, cache: KVCache) -> None:
+        """One request's call (prefill, resume), its model time counted."""
         inp = step.inputs(st)
         t0 = time.perf_counter()
         logits = self.forward(inp, cache)
         self.model_s += time.perf_counter() - t0
         step.update(st, logits)
 
-    def _runner(self, step: Step, st, cache: KVCache):
-        """The step as one function of (state, cache): timed eagerly, or compiled whole."""
-        if self.mode == "eager":
-            return lambda: self._timed(step, st, cache)
+    def _call(self, step: Step, states: list, cache: KVCache, timed: bool) -> None:
+        """One step for a batch: one model call over every slot's rows (a lone state calls unbatched, on its
+        own request's cache)."""
+        if len(states) == 1:
+            inp = step.inputs(states[0])
+        else:
+            inputs = [step.inputs(st) for st in states]
+            inp = ModelInput(*(torch.stack([getattr(i, f) for i in inputs]) for f in ("tokens", "positions")),
+                             inputs[0].layout, torch.stack([i.cache_len for i in inputs]))
+        t0 = time.perf_counter() if timed else 0.0
+        logits = self.forward(inp, cache)
+        if timed:
+            self.model_s += time.perf_counter() - t0
+        for st, rows in zip(states, [logits] if len(states) == 1 else logits):
+            step.update(st, rows)
+
+    def _runner(self, step: Step, states: list, cache: KVCache) -> Callable[[], None]:
+        """The step as one function: timed eagerly, compiled whole, or plain (to be captured)."""
         if self.mode == "compile":
             if id(step) not in self._compiled:
-                def run(state, kv):
-                    step.update(state, self.forward(step.inputs(state), kv))
-                self._compiled[id(step)] = (step, torch.compile(run, fullgraph=True, backend=self.compile_backend))
+                compiled = torch.compile(lambda sts, kv: self._call(step, sts, kv, timed=False), fullgraph=True,
+                                         backend=self.compile_backend)
+                self._compiled[id(step)] = (step, compiled)
             compiled = self._compiled[id(step)][1]
-            return lambda: compiled(st, cache)
-        return lambda: step.update(st, self.forward(step.inputs(st), cache))
-
-    def poll(self, program) -> Poll:
-        if id(program) not in self._polls:
-            self._polls[id(program)] = (program, Poll(self.model.device, program.block))
-        return self._polls[id(program)][1]
+            return lambda: compiled(states, cache)
+        timed = self.mode == "eager"
+        return lambda: self._call(step, states, cache, timed)
 
     # -- the cache -------------------------------------------------------------------------------------
-    def cache_for(self, capacity: int) -> KVCache:
-        """A view of the runtime's cache with room for `capacity` slots (rounded up to CACHE_QUANTUM).
-
-        The buffer only grows; a shorter request gets a shorter view, so the reference backend's attention
-        cost follows this request's length, not the longest so far."""
+    def cache_for(self, capacity: int, slots: int = 1) -> KVCache:
+        """A view of the runtime's cache, [layers, slots, ...], with room for `capacity` slots per request
+        (rounded up to CACHE_QUANTUM). The buffer only grows; a shorter request gets a shorter view, so the
+        reference backend's attention cost follows this batch's length, not the longest so far."""
         capacity = CACHE_QUANTUM * math.ceil(capacity / CACHE_QUANTUM)
-        if self._cache is None or self._cache.capacity < capacity:
-            self._cache = self.model.new_cache(capacity)
-        return KVCache(self._cache.k[:, :, :capacity], self._cache.v[:, :, :capacity])
+        cache = self._cache
+        if cache is None or cache.capacity < capacity or cache.k.shape[1] < slots:
+            grown = max(capacity, cache.capacity if cache else 0), max(slots, cache.k.shape[1] if cache else 0)
+            self._cache = cache = self.model.new_cache(grown[0], batch=grown[1])
+        return KVCache(cache.k[:, :slots, :, :capacity], cache.v[:, :slots, :, :capacity])
 
     # -- the loop --------------------------------------------------------------------------------------
-    def decode(self, program, request: Request, stream: bool = False) -> Iterator[list[int]]:
-        """Returns the GenerateResult; when `stream`, first yields the tokens each iteration adds to the
-        output (they travel in the poll's row; otherwise the output is read once at the end)."""
+    def decode(self, program, requests: list[Request], slots: int = 1,
+               stream: bool = False) -> Iterator[tuple[int, list[int]]]:
+        """Decodes `requests` in up to `slots` at a time; returns their GenerateResults in order. When
+        `stream`, first yields (request index, tokens) as each iteration adds tokens to an output (they
+        travel in the poll's table; otherwise each output is read once, when its request ends)."""
+        if stream and len(requests) > slots:
+            raise ValueError("streaming decodes every request in its own slot: slots >= len(requests)")
         self.model_s = 0.0
-        start = time.perf_counter()
-        slot = self._slot(program, request)
-        st, cache, poll = slot.state, slot.cache, slot.poll
-        iterations, limit = 0, request.max_new_tokens + poll.lag + 2   # every live iteration emits >= 1 token
+        batch = self._batch(program, requests, min(slots, len(requests)))
+        states, poll = batch.states, batch.poll
+        waiting, results = deque(enumerate(requests)), [None] * len(requests)
+        running: list[_Running | None] = [None] * len(states)
+        iterations, limit = 0, sum(r.max_new_tokens + poll.lag + 3 for r in requests)   # >= 1 token per live one
         caller_mode = torch.is_inference_mode_enabled()
         checked = SyncCheck() if SyncCheck.wanted(self.model.device) else contextlib.nullcontext()
         with torch.inference_mode():
-            poll.reset(st, stream or self.mode == "graph")   # a graph captures one kind of row: the streaming one
-            prompt = torch.tensor(request.prompt, dtype=torch.int64, device=self.model.device)
-            self._timed(program.prefill(prompt), st, cache)
-            poll.publish(st)
+            poll.reset(states, stream or self.mode == "graph")   # a graph captures one kind of table: streaming
+            for b in range(len(states)):
+                running[b] = self._admit(batch, b, waiting, poll, entry=False)
+            poll.publish(states)
             poll.issue()
-            while True:
+            while any(running):
                 with checked:
                     status = poll.read() if poll.due else None
-                    if status is None or not (status.done or status.hold):
+                    live = [r is not None and (status is None or status.seq < r.since or not status.done[b])
+                            for b, r in enumerate(running)]
+                    held = status is not None and any(h and not d for h, d in zip(status.hold, status.done))
+                    if any(live) and not held:
                         iterations += 1
                         if iterations > limit:
                             raise RuntimeError("decoder made no progress; this is a bug")
-                        slot.iterate(first=iterations == 1)
+                        batch.iterate(first=iterations == 1)
                         poll.issue()
-                if status is not None and status.hold and not status.done:   # rare (any-order truncation)
-                    while poll.in_flight:
-                        poll.read()                      # iterations queued behind the hold were no-ops
-                    program.resume(st, lambda inp: self.forward(inp, cache))
-                    poll.publish(st)
-                    poll.issue()
-                if stream and status is not None and status.tokens:
-                    with torch.inference_mode(caller_mode):   # the consumer runs in its own mode
-                        yield status.tokens
-                if status is not None and status.done:
-                    break
-            counts = torch.stack([st.nfe, st.n_verify, st.n_accepted, st.n_out])
-            output = st.out[: request.max_new_tokens]   # a graph slot's buffer is max_seq_len long
-            nfe, n_verify, n_accepted, n_out, *output = poll.fetch(torch.cat([counts, output]))
-            extras = program.finish(st, poll.fetch) if hasattr(program, "finish") else {}
-        model_s = self.model_s if self.mode == "eager" else math.nan
-        return GenerateResult(output[:n_out], nfe, time.perf_counter() - start, model_s, n_verify, n_accepted,
+                if status is None:
+                    continue
+                for b, r in enumerate(running):
+                    if r is None or status.seq < r.since:
+                        continue
+                    if status.hold[b] and not status.done[b]:   # rare (any-order truncation)
+                        while poll.in_flight:
+                            poll.read()                         # iterations queued behind the hold were no-ops
+                        program.resume(states[b], lambda inp: self.forward(inp, batch.cache.request(b)))
+                        poll.publish(states)
+                        poll.issue()
+                    if stream and status.tokens[b]:
+                        with torch.inference_mode(caller_mode):   # the consumer runs in its own mode
+                            yield r.index, status.tokens[b]
+                    if status.done[b]:
+                        results[r.index] = self._finish(program, states[b], r, poll, len(states))
+                        running[b] = self._admit(batch, b, waiting, poll, entry=True)
+        return results
+
+    def _admit(self, batch: "_Batch", b: int, waiting: deque, poll: Poll, entry: bool) -> "_Running | None":
+        """The next waiting request into slot `b`: fresh state, its prefill alone, and (when it joins a batch
+        already running) its first iteration alone from the program's `entry` step. None when none waits."""
+        st = batch.states[b]
+        if not waiting:
+            st.done.fill_(True)   # an idle slot: its rows ride along, changing nothing
+            return None
+        index, request = waiting.popleft()
+        began, model_s = time.perf_counter(), self.model_s
+        st.copy_(batch.program.new_state(request, **batch.shape.kwargs()))
+        poll.restart(b)
+        cache = batch.cache.request(b)
+        prompt = torch.tensor(request.prompt, dtype=torch.int64, device=self.model.device)
+        self._timed(batch.program.prefill(prompt), st, cache)
+        if entry:
+            for step in batch.program.steps[getattr(batch.program, "entry", 0):]:
+                self._timed(step, st, cache)
+        return _Running(index, request, poll.issued, began, model_s)
+
+    def _finish(self, program, st, r: "_Running", poll: Poll, slots: int) -> GenerateResult:
+        """A finished request's counts and output, read in one fetch (plus the program's extras)."""
+        counts = torch.stack([st.nfe, st.n_verify, st.n_accepted, st.n_out])
+        output = st.out[: r.request.max_new_tokens]   # a graph batch's buffers are max_seq_len long
+        nfe, n_verify, n_accepted, n_out, *output = poll.fetch(torch.cat([counts, output]))
+        extras = program.finish(st, poll.fetch) if hasattr(program, "finish") else {}
+        # Model time is this request's alone only when it ran alone, eagerly.
+        model_s = self.model_s - r.model_s if self.mode == "eager" and slots == 1 else math.nan
+        return GenerateResult(output[:n_out], nfe, time.perf_counter() - r.began, model_s, n_verify, n_accepted,
                               **extras)
 
-    def _slot(self, program, request: Request) -> "_Slot":
-        """State, cache and poll for this request. Eager and compiled loops take fresh ones; the graph loop
-        keeps one persistent slot per program (the graph reads fixed addresses) and resets its state."""
+    def _batch(self, program, requests: list[Request], slots: int) -> "_Batch":
+        """States, cache and poll for `slots` requests at a time. Eager and compiled loops size them to these
+        requests; the graph loop keeps one persistent batch per (program, slots), sized for any request."""
         if self.mode != "graph":
-            cache = self.cache_for(len(request.prompt) + request.max_new_tokens + program.reserve)
-            return _Slot(self, program, program.new_state(request), cache)
-        slot = self._slots.get(id(program))
-        if slot is None or not slot.fits(request):
-            shape = _Shape.for_request(request, self.max_seq_len)
-            state = program.new_state(Request([], self.max_seq_len, 0, [], []), **shape.kwargs())
-            shape.out_len = state.out.numel()   # the program may pad the output buffer
-            cache = self.cache_for(self.max_seq_len + program.reserve)
-            slot = self._slots[id(program)] = _Slot(self, program, state, cache, shape)
-        slot.state.copy_(program.new_state(request, **slot.shape.kwargs()))
-        return slot
+            capacity = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
+            return _Batch(self, program, slots, _Shape.for_requests(requests, None), self.cache_for(capacity, slots))
+        key = (id(program), slots)
+        batch = self._batches.get(key)
+        if batch is None or not all(batch.shape.fits(r) for r in requests):
+            shape = _Shape.for_requests(requests, self.max_seq_len)
+            batch = self._batches[key] = _Batch(self, program, slots, shape,
+                                                self.cache_for(self.max_seq_len + program.reserve, slots))
+        return batch
+
+
+class _Running:
+    """A request in a slot: its index, when it was admitted (the first poll seq that shows it), its clocks."""
+
+    def __init__(self, index: int, request: Request, since: int, began: float, model_s: float):
+        self.index, self.request, self.since, self.began, self.model_s = index, request, since, began, model_s
 
 
 class _Shape:
-    """Fixed shapes of a persistent state: output length and stop tables, sized up front for reuse."""
+    """Fixed shapes of a batch's states: output length and stop tables, sized up front for every request
+    (`max_new` tokens at most; `out_len` is the output buffer, which the program may pad)."""
 
-    def __init__(self, out_len: int, stop_slots: int, sequence_slots: tuple[int, int]):
-        self.out_len, self.stop_slots, self.sequence_slots = out_len, stop_slots, sequence_slots
+    def __init__(self, max_new: int, stop_slots: int, sequence_slots: tuple[int, int]):
+        self.max_new, self.out_len, self.stop_slots, self.sequence_slots = max_new, max_new, stop_slots, sequence_slots
 
     @classmethod
-    def for_request(cls, request: Request, max_seq_len: int) -> "_Shape":
-        longest = max(map(len, request.stop_sequences), default=0)
-        return cls(max_seq_len, max(8, len(request.stop_ids)), (max(4, len(request.stop_sequences)), max(8, longest)))
+    def for_requests(cls, requests: list[Request], max_new: int | None) -> "_Shape":
+        longest = max((len(s) for r in requests for s in r.stop_sequences), default=0)
+        return cls(max_new or max(r.max_new_tokens for r in requests), max(8, *(len(r.stop_ids) for r in requests)),
+                   (max(4, *(len(r.stop_sequences) for r in requests)), max(8, longest)))
 
     def kwargs(self) -> dict:
         return {"out_len": self.out_len, "stop_slots": self.stop_slots, "sequence_slots": self.sequence_slots}
 
     def fits(self, request: Request) -> bool:
         n_seq, seq_len = self.sequence_slots
-        return (len(request.stop_ids) <= self.stop_slots and len(request.stop_sequences) <= n_seq
-                and all(len(s) <= seq_len for s in request.stop_sequences))
+        return (request.max_new_tokens <= self.max_new and len(request.stop_ids) <= self.stop_slots
+                and len(request.stop_sequences) <= n_seq and all(len(s) <= seq_len for s in request.stop_sequences))
 
 
-class _Slot:
-    """What one request decodes on: state, cache, poll, and the iteration (steps + publish) as one call."""
+class _Batch:
+    """What requests decode on: a state per slot, the batch cache, the poll, and the iteration (every step
+    for every slot, then the publish) as one call."""
 
-    def __init__(self, runtime: Runtime, program, state, cache: KVCache, shape: _Shape | None = None):
-        self.program, self.state, self.cache, self.shape = program, state, cache, shape
-        self.poll = runtime.poll(program)
-        runners = [runtime._runner(step, state, cache) for step in program.steps]
+    def __init__(self, runtime: Runtime, program, slots: int, shape: _Shape, cache: KVCache):
+        self.program, self.shape, self.cache = program, shape, cache
+        empty = Request([], shape.max_new, 0, [], [])
+        self.states = [program.new_state(empty, **shape.kwargs())]
+        shape.out_len = self.states[0].out.numel()   # the program's padding
+        self.states += [program.new_state(empty, **shape.kwargs()) for _ in range(slots - 1)]
+        self.poll = Poll(runtime.model.device, program.block, slots)
+        call_cache = cache.request(0) if slots == 1 else cache
+        runners = [runtime._runner(step, self.states, call_cache) for step in program.steps]
 
         def iteration(runs) -> Callable[[], None]:
             def run_all() -> None:
                 for run in runs:
                     run()
-                self.poll.publish(state, stream=runtime.mode == "graph" or None)
+                self.poll.publish(self.states, stream=runtime.mode == "graph" or None)
             return CapturedIteration(run_all) if runtime.mode == "graph" else run_all
 
         self.full = iteration(runners)
@@ -179,9 +245,6 @@ class _Slot:
         self.first = self.full if entry == 0 else iteration(runners[entry:])
 
     def iterate(self, first: bool) -> None:
-        """One iteration; a request's first starts at the program's `entry` step (Linear-SS: its prefill
+        """One iteration; the batch's first starts at the program's `entry` step (Linear-SS: its prefills
         drafted already, so the first iteration only verifies, and no draft call follows the last one)."""
         (self.first if first else self.full)()
-
-    def fits(self, request: Request) -> bool:
-        return self.shape is not None and self.shape.fits(request)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -40,7 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "continuation and a table: generated tokens, NFE (model calls, prompt included), "
                     "tokens per NFE, decoder wall time and throughput. Greedy decoding gives the same "
                     "continuation for every schedule; sampling follows the same distribution.")
-    gen.add_argument("prompt", help="text to continue, e.g. 'def fibonacci(n):'")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="text to continue, e.g. 'def fibonacci(n):' (or give --prompts-file)")
+    gen.add_argument("--prompts-file", type=Path, default=None,
+                     help="decode many prompts together instead: a JSONL file, one object per line with a "
+                          "'prompt' string (HumanEval's format works as is) and optionally 'max_new_tokens' and "
+                          "'seed'; one schedule (packed unless --schedule names another), one JSON line per "
+                          "prompt on stdout (index, completion, tokens, nfe), the throughput on stderr")
+    gen.add_argument("--batch-size", type=_positive_int, default=8,
+                     help="with --prompts-file: requests decoded at once, one model call per step for all of "
+                          "them; a finished request's slot takes the next prompt (default 8)")
     gen.add_argument("--model", default=None,
                      help="local model directory (HF, Nemotron-Labs-Diffusion or SetDLM layout with tokenizer.json), "
                           "or the name of a shipped model: 'default' (the tiny code model, the default) or "
@@ -114,6 +124,10 @@ def generate(args) -> int:
     model = load_model(path, device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None,
                        draft_adapter=None if args.no_draft_adapter else "auto")
     tokenizer = load_tokenizer(path)
+    if (args.prompt is None) == (args.prompts_file is None):
+        raise ValueError("give either a prompt or --prompts-file, not both")
+    if args.prompts_file is not None:
+        return generate_file(model, tokenizer, args)
     prompt = tokenizer.encode(args.prompt).ids
     every = ANY_ORDER_SCHEDULES if model.cfg.any_order else SCHEDULES
     schedules = list(every) if args.schedule == "all" else [args.schedule]
@@ -145,6 +159,35 @@ def generate(args) -> int:
     for name, res in rows:
         print(f"{name:<10} {len(res.tokens):>6} {res.nfe:>5} {res.tokens_per_nfe:>10.2f} "
               f"{res.wall_s:>8.3f} {len(res.tokens) / res.wall_s:>9.1f} {'yes' if res.tokens == continuation else 'no':>9}")
+    return 0
+
+
+def generate_file(model, tokenizer, args) -> int:
+    """Every prompt of a JSONL file through generate_batch; a JSON line per prompt, in order."""
+    records = []
+    for number, line in enumerate(args.prompts_file.read_text().splitlines(), 1):
+        if line.strip():
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise ValueError(f"{args.prompts_file}:{number}: each line must be an object with a 'prompt' string")
+            records.append(record)
+    name = "packed" if args.schedule == "all" else args.schedule
+    engine = Engine(model, schedule=name, width=args.width, order=args.order)
+    batch_size = 1 if model.cfg.any_order else args.batch_size
+    print(f"decoding {len(records)} prompts with {name} (W={engine.width}), batch size {batch_size} ...",
+          file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    results = engine.generate_batch(
+        [tokenizer.encode(r["prompt"]).ids for r in records],
+        max_new_tokens=[r.get("max_new_tokens", args.max_new_tokens) for r in records],
+        seed=[r.get("seed", args.seed + i) for i, r in enumerate(records)],
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, batch_size=batch_size, progress=True)
+    wall = time.perf_counter() - start
+    for i, res in enumerate(results):
+        print(json.dumps(dict(index=i, completion=tokenizer.decode(res.tokens), tokens=len(res.tokens), nfe=res.nfe)))
+    total = sum(len(r.tokens) for r in results)
+    print(f"{len(results)} requests, {total} tokens in {wall:.2f} s: {total / wall:.1f} tokens/s "
+          f"(batch size {batch_size})", file=sys.stderr)
     return 0
 
 

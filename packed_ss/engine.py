@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from typing import Iterator
 
 import torch
+from tqdm import tqdm
 
 from .decode.any_order import ORDERS
 from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
@@ -176,8 +178,8 @@ class Engine:
     def generate_batch(self, prompts, max_new_tokens: int | list[int] = 64, temperature: float = 0.0,
                        top_k: int | None = None, top_p: float | None = None, seed: int | list[int] | None = None,
                        eos_token_id: int | list[int] | None = None, stop_token_ids: list[int] | None = None,
-                       stop_sequences: list[list[int]] | None = None,
-                       batch_size: int | None = None) -> list[GenerateResult]:
+                       stop_sequences: list[list[int]] | None = None, batch_size: int | None = None,
+                       progress: bool = False) -> list[GenerateResult]:
         """Decode several requests together; returns one GenerateResult per prompt, in order, each exactly what
         `generate` gives that request alone (sampled ones too: random numbers follow each request's own seed
         and counter, never its place in the batch).
@@ -187,8 +189,8 @@ class Engine:
         settings and stops are shared. `batch_size`: requests decoded at once, one model call per step for
         all of them (default: every prompt, at most MAX_BATCH); a finished request's slot takes the next
         waiting one (continuous batching). Any-order models decode one request at a time (batch_size 1):
-        their calls' layouts follow each request's own window. Everything is checked before anything runs;
-        an error names the request's index.
+        their calls' layouts follow each request's own window. `progress`: a progress bar of finished
+        requests (stderr). Everything is checked before anything runs; an error names the request's index.
         """
         prompts = list(prompts)
         if not prompts:
@@ -213,7 +215,9 @@ class Engine:
                              f"window), got {batch_size!r}")
         batch_size = min(n, 1 if self.any_order else MAX_BATCH) if batch_size is None else batch_size
         _check_int("batch_size", batch_size, 1, MAX_BATCH)
-        return self._drain(self.runtime.decode(self.program(params), requests, batch_size))
+        with tqdm(total=n, desc="requests", unit="req", disable=not progress, file=sys.stderr) as bar:
+            return self._drain(self.runtime.decode(self.program(params), requests, batch_size,
+                                                   on_finish=lambda i, result: bar.update()))
 
     @staticmethod
     def _tokens_of_one(decoding) -> Iterator[list[int]]:

@@ -1,6 +1,9 @@
-"""Without a GPU, Triton kernels run in its interpreter; the flag must be set before triton is imported."""
+"""Without a GPU, Triton kernels run in its interpreter (the flag must be set before triton is imported); the
+CUDA-graph loop runs on the CPU through stand-ins (`eager_graphs`)."""
+import functools
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -8,3 +11,24 @@ if not torch.cuda.is_available():
 
 # The test models are tiny: one intra-op thread is fastest, and avoids thrashing on a shared 2-core box.
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def eager_graphs(monkeypatch):
+    """Engine(cuda_graph=True) on the CPU: capture returns the iteration itself, the poll reads one late.
+    Yields the list of iterations run through the graph stand-in (warm-ups and replays)."""
+    replays = []
+
+    def capture(run):
+        def replay():
+            replays.append(1)
+            run()
+        return replay
+
+    import packed_ss.runtime.graphs as graphs_mod
+    import packed_ss.runtime.poll as poll_mod
+
+    monkeypatch.setattr(graphs_mod, "warm_up", lambda run: (replays.append(1), run()))
+    monkeypatch.setattr(graphs_mod, "capture", capture)
+    monkeypatch.setattr(poll_mod.Poll, "__init__", functools.partialmethod(poll_mod.Poll.__init__, lag=1))
+    return replays

@@ -1,7 +1,7 @@
 """The runtime's loop logic on the CPU: the CUDA-graph mode (capture and events replaced by stand-ins, the
 poll reading one iteration late) decodes exactly as the eager loop, for every left-to-right and any-order
-schedule, across requests that reuse the persistent state with other lengths, seeds and stops."""
-import functools
+schedule, across requests that reuse the persistent state with other lengths, seeds and stops (the
+stand-ins: the `eager_graphs` fixture of conftest.py)."""
 import math
 
 import pytest
@@ -9,32 +9,12 @@ import torch
 from tiny_models import checkpoint
 
 import packed_ss
-import packed_ss.runtime.graphs as graphs_mod
-import packed_ss.runtime.poll as poll_mod
 from packed_ss.decode.epilogue import native_available
 from packed_ss.decode.sampling import SamplingParams
 
 PROMPT = [3, 17, 42, 8, 9]
 EPILOGUES = [pytest.param("native", marks=pytest.mark.skipif(not native_available("cpu"),
                                                              reason="native epilogue not built")), "torch"]
-
-
-@pytest.fixture
-def eager_graphs(monkeypatch):
-    """Engine(cuda_graph=True) on the CPU: capture returns the iteration itself, the poll reads one late.
-    Yields the list of iterations run through the graph stand-in (warm-ups and replays)."""
-    replays = []
-
-    def capture(run):
-        def replay():
-            replays.append(1)
-            run()
-        return replay
-
-    monkeypatch.setattr(graphs_mod, "warm_up", lambda run: (replays.append(1), run()))
-    monkeypatch.setattr(graphs_mod, "capture", capture)
-    monkeypatch.setattr(poll_mod.Poll, "__init__", functools.partialmethod(poll_mod.Poll.__init__, lag=1))
-    return replays
 
 
 def _check_graph_loop(eager, graphed, replays, requests):

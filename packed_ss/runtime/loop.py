@@ -36,6 +36,7 @@ class Runtime:
         self.model, self.attend, self.mode, self.compile_backend = model, attend, mode, compile_backend
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         self.model_s = 0.0
+        self.iterations = 0                           # of the last decode (for benchmarks)
         self._cache: KVCache | None = None
         self._compiled: dict[int, tuple] = {}         # id(step) -> (step, its compiled call)
         self._batches: dict[tuple, _Batch] = {}       # (id(program), slots) -> persistent batch (graph mode)
@@ -93,11 +94,12 @@ class Runtime:
         return KVCache(cache.k[:, :slots, :, :capacity], cache.v[:, :slots, :, :capacity])
 
     # -- the loop --------------------------------------------------------------------------------------
-    def decode(self, program, requests: list[Request], slots: int = 1,
-               stream: bool = False) -> Iterator[tuple[int, list[int]]]:
-        """Decodes `requests` in up to `slots` at a time; returns their GenerateResults in order. When
-        `stream`, first yields (request index, tokens) as each iteration adds tokens to an output (they
-        travel in the poll's table; otherwise each output is read once, when its request ends)."""
+    def decode(self, program, requests: list[Request], slots: int = 1, stream: bool = False,
+               on_finish: Callable[[int, GenerateResult], None] | None = None) -> Iterator[tuple[int, list[int]]]:
+        """Decodes `requests` in up to `slots` at a time; returns their GenerateResults in order (and hands
+        each to `on_finish` as its request ends). When `stream`, first yields (request index, tokens) as each
+        iteration adds tokens to an output (they travel in the poll's table; otherwise each output is read
+        once, when its request ends)."""
         if stream and len(requests) > slots:
             raise ValueError("streaming decodes every request in its own slot: slots >= len(requests)")
         self.model_s = 0.0
@@ -142,7 +144,10 @@ class Runtime:
                             yield r.index, status.tokens[b]
                     if status.done[b]:
                         results[r.index] = self._finish(program, states[b], r, poll, len(states))
+                        if on_finish is not None:
+                            on_finish(r.index, results[r.index])
                         running[b] = self._admit(batch, b, waiting, poll, entry=True)
+        self.iterations = iterations
         return results
 
     def _admit(self, batch: "_Batch", b: int, waiting: deque, poll: Poll, entry: bool) -> "_Running | None":

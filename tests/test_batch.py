@@ -1,0 +1,126 @@
+"""Batched decoding (Engine.generate_batch): each request decodes exactly as `generate` decodes it alone.
+
+1. Invariance, for every left-to-right schedule, both epilogues, greedy and sampled, eager and through the
+   CUDA-graph loop's CPU stand-ins (poll one iteration late): ragged prompts, a request stopping on a stop
+   token in the middle of its output, caps of 1 and 7 next to long ones, a prompt that nearly fills the
+   engine's max_seq_len; all at once and in fewer slots than requests (continuous batching: a finished
+   request's slot takes the next one). Tokens and counts (NFE, verifications, accepted drafts) are equal.
+2. The drafting adapter rides along (batched calls apply it to the drafting rows of every request).
+3. At most one host read per iteration for the whole batch (tests/host_reads.py), plus one per request end.
+4. Bad input is refused with a ValueError naming the request, before anything runs.
+(The sampled first tokens of batched requests against the AR distribution, and their independence within a
+batch: tests/test_sampling_exactness.py.)
+"""
+import pytest
+import torch
+from host_reads import count_host_reads
+from tiny_models import checkpoint
+
+import packed_ss
+from packed_ss.decode.epilogue import native_available
+
+EPILOGUES = [pytest.param("native", marks=pytest.mark.skipif(not native_available("cpu"),
+                                                             reason="native epilogue not built")), "torch"]
+MAX_SEQ_LEN = 64
+PROMPTS = [[3, 17, 42, 8, 9], list(range(1, 20)), [5], [7, 7, 7, 7], [(11 * i) % 90 + 2 for i in range(59)]]
+CAPS = [30, 25, 1, 7, 5]          # the last prompt fills 59 + 5 = 64 = max_seq_len
+SAMPLINGS = {"greedy": {}, "sampled": dict(temperature=1.0, top_k=8)}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return packed_ss.load_model(checkpoint("llama-gqa"), dtype=torch.float32)
+
+
+def alone(engine, prompts, caps, seeds, **kwargs):
+    return [engine.generate(p, max_new_tokens=c, seed=s, **kwargs) for p, c, s in zip(prompts, caps, seeds)]
+
+
+def assert_same(got, want):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.tokens == w.tokens, (i, g.tokens, w.tokens)
+        assert (g.nfe, g.n_verify, g.n_accepted) == (w.nfe, w.n_verify, w.n_accepted), i
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
+def test_batch_equals_alone(request, model, schedule, epilogue, sampling, mode):
+    engine = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue, max_seq_len=MAX_SEQ_LEN)
+    kwargs = dict(SAMPLINGS[sampling], eos_token_id=[])
+    seeds = [100 + i for i in range(len(PROMPTS))]
+    free = alone(engine, PROMPTS, CAPS, seeds, **kwargs)
+    stop = free[0].tokens[12]          # a token the first request emits mid-output: it stops there
+    assert stop not in free[0].tokens[:12]
+    want = alone(engine, PROMPTS, CAPS, seeds, stop_token_ids=[stop], **kwargs)
+    assert want[0].tokens == free[0].tokens[:13]
+    if mode == "graph":
+        request.getfixturevalue("eager_graphs")
+        engine.runtime.mode = "graph"  # the CPU stand-ins replace capture (conftest.py)
+    for batch_size in (len(PROMPTS), 2):
+        got = engine.generate_batch(PROMPTS, max_new_tokens=CAPS, seed=seeds, stop_token_ids=[stop],
+                                    batch_size=batch_size, **kwargs)
+        assert_same(got, want)
+
+
+def test_int_seed_and_repeated_prompts(model):
+    """An int seed s gives request i the seed s + i: repeated prompts draw their own samples."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    got = engine.generate_batch([PROMPTS[0]] * 4, max_new_tokens=12, temperature=1.0, seed=7, eos_token_id=[])
+    assert_same(got, alone(engine, [PROMPTS[0]] * 4, [12] * 4, range(7, 11), temperature=1.0, eos_token_id=[]))
+    assert len({tuple(r.tokens) for r in got}) > 1
+
+
+@pytest.mark.parametrize("schedule", ["linear", "packed"])
+def test_drafting_adapter_in_a_batch(schedule):
+    """The shipped default model with its drafting adapter: batched drafts are the adapter's (same NFE and
+    accepted counts as alone) and the tokens are the greedy ones."""
+    model = packed_ss.load_model(draft_adapter=packed_ss.default_model_path() / "drafter")
+    prompts = [packed_ss.load_tokenizer().encode(t).ids for t in ("def add(a, b):", "import os\n", "class Stack:")]
+    engine = packed_ss.Engine(model, schedule=schedule, width=4)
+    assert_same(engine.generate_batch(prompts, max_new_tokens=24, eos_token_id=[]),
+                alone(engine, prompts, [24] * 3, [0] * 3, eos_token_id=[]))
+
+
+@pytest.mark.parametrize("schedule", ["linear", "packed"])
+def test_one_host_read_per_iteration_for_the_batch(model, schedule):
+    engine = packed_ss.Engine(model, schedule=schedule, width=3)
+    kwargs = dict(max_new_tokens=[40, 40, 40, 40], eos_token_id=[], temperature=1.0, seed=0)
+    engine.generate_batch(PROMPTS[:4], **kwargs)
+    with count_host_reads() as reads:
+        results = engine.generate_batch(PROMPTS[:4], **kwargs)
+    iterations = engine.runtime.iterations
+    # One table per iteration (the prefills' included) and one fetch per request end. One read per request
+    # and iteration would be ~4x as many.
+    bound = iterations + 1 + len(results)
+    assert reads.reads <= bound, reads.summary()
+    assert iterations <= max(r.n_verify for r in results) + 1
+
+
+def test_bad_input_names_the_request_before_anything_runs(model, monkeypatch):
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    monkeypatch.setattr(engine.runtime, "decode", lambda *a, **k: pytest.fail("decoding started"))
+    cases = [
+        (dict(prompts=[]), "at least one prompt"),
+        (dict(prompts=[[1], [2]], max_new_tokens=[3]), "max_new_tokens must be one value or a list of one per "
+                                                       r"prompt \(2\), got a list of 1"),
+        (dict(prompts=[[1], [2]], seed=[1, 2, 3]), "seed must be one value"),
+        (dict(prompts=[[1], [2, 3], [], [4]]), "request 2: prompt_ids must contain at least one token"),
+        (dict(prompts=[[1], [2, 300]]), r"request 1: prompt_ids must be token ids in \[0, 97\)"),
+        (dict(prompts=[[1], [2]], max_new_tokens=[4, 0]), "request 1: max_new_tokens must be an integer"),
+        (dict(prompts=[[1], [2]], seed=[4, -1]), "request 1: seed must be an integer"),
+        (dict(prompts=[[1]], batch_size=0), r"batch_size must be an integer \[1, 256\]"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            engine.generate_batch(**kwargs)
+
+
+def test_any_order_models_decode_one_at_a_time():
+    model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), dtype=torch.float32)
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    with pytest.raises(ValueError, match="batch_size must be 1 for an any-order model"):
+        engine.generate_batch(PROMPTS[:2], max_new_tokens=4, batch_size=2)
+    got = engine.generate_batch(PROMPTS[:3], max_new_tokens=[9, 1, 5], eos_token_id=[])
+    assert_same(got, alone(engine, PROMPTS[:3], [9, 1, 5], [0] * 3, eos_token_id=[]))

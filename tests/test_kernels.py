@@ -110,6 +110,44 @@ def test_head_dims(dim, kv_heads, group, dtype):
     check_attention("packed", 7, 203, group, dim=dim, kv_heads=kv_heads, dtype=dtype)
 
 
+BATCH_LENS = (0, 5, 37)   # one cache length per request of a batch
+
+
+def batch_inputs(kind, group, dtype, device=DEVICE, dim=16, kv_heads=2, poison=True):
+    """A batch of len(BATCH_LENS) requests sharing one layout. The caches are layer 1 of 2 of request-major
+    [B, L, Hkv, S, D] buffers seen as [L, B, Hkv, S, D]: non-contiguous [B, Hkv, S, D] views. Every slot
+    from a request's cache_len on is NaN (poison) or random; returns the whole buffers."""
+    lay = engine_layout(kind, 3).to(device)
+    batch, heads = len(BATCH_LENS), kv_heads * group
+    gen = torch.Generator(device="cpu").manual_seed(100 * group + len(kind))
+    q, k, v = (torch.randn(batch, lay.rows, h, dim, generator=gen).to(device, dtype)
+               for h in (heads, kv_heads, kv_heads))
+    bufs = [torch.randn(batch, 2, kv_heads, CAPACITY, dim, generator=gen).to(device, dtype) for _ in range(2)]
+    for b, n in enumerate(BATCH_LENS if poison else ()):
+        for buf in bufs:
+            buf[b, :, :, n:] = float("nan")
+    k_all, v_all = (buf.transpose(0, 1) for buf in bufs)
+    assert not k_all[1].is_contiguous()
+    return lay, q, k, v, k_all, v_all, torch.tensor(BATCH_LENS, device=device)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_batched_reference(kind, group):
+    """The batched torch reference (vectorised over the batch) equals the per-request reference (CPU, fp32)."""
+    cpu = torch.device("cpu")
+    lay, q, k, v, k_all, v_all, length = batch_inputs(kind, group, torch.float32, cpu, poison=False)
+    scale = q.shape[-1] ** -0.5
+    want_k, want_v = k_all.clone(), v_all.clone()
+    want = [packed_attention_ref(q[b], k[b], v[b], want_k[1, b], want_v[1, b], length[b], lay, scale)
+            for b in range(len(BATCH_LENS))]
+    out = packed_attention_ref(q, k, v, k_all[1], v_all[1], length, lay, scale)
+    assert out.shape == q.shape
+    torch.testing.assert_close(out, torch.stack(want), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k_all, want_k, rtol=0, atol=0)
+    torch.testing.assert_close(v_all, want_v, rtol=0, atol=0)
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """A random 2-layer HF llama (GQA 2, head_dim 16) saved to disk and loaded through packed_ss."""

@@ -131,6 +131,31 @@ def batch_inputs(kind, group, dtype, device=DEVICE, dim=16, kv_heads=2, poison=T
     return lay, q, k, v, k_all, v_all, torch.tensor(BATCH_LENS, device=device)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("kind", ["prefill", "packed", "quadratic"])
+def test_batch(kind, group, splits, dtype):
+    """A batch of 3 requests with their own cache lengths, one launch: every request's output equals the
+    reference run on that request alone, and its anchors land in its own cache at its own slots only."""
+    lay, q, k, v, k_all, v_all, length = batch_inputs(kind, group, dtype)
+    scale = q.shape[-1] ** -0.5
+    want_k, want_v = k_all.clone(), v_all.clone()
+    for b, n in enumerate(BATCH_LENS):
+        want_k[1, b, :, n:n + lay.n_anchor] = k[b, :lay.n_anchor].transpose(0, 1)
+        want_v[1, b, :, n:n + lay.n_anchor] = v[b, :lay.n_anchor].transpose(0, 1)
+
+    out = packed_attention(q, k, v, k_all[1], v_all[1], length, lay, scale, block_n=16, num_splits=splits)
+    assert out.shape == q.shape and out.dtype == dtype
+    for b in range(len(BATCH_LENS)):
+        ref = packed_attention_ref(q[b].double(), k[b].double(), v[b].double(), want_k[1, b].double().nan_to_num(1e4),
+                                   want_v[1, b].double().nan_to_num(1e4), length[b], lay, scale)
+        torch.testing.assert_close(out[b].double(), ref, rtol=TOL[dtype], atol=TOL[dtype])
+    # The whole buffers: the other layer, the other requests and every slot outside the anchors' are untouched.
+    torch.testing.assert_close(k_all, want_k, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(v_all, want_v, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("kind", LAYOUTS)
 def test_batched_reference(kind, group):
@@ -201,10 +226,12 @@ AOT = textwrap.dedent("""
         p = "*" + dt
         build(_packed_attention_kernel,
               dict(Q=p, K=p, V=p, KC=p, VC=p, Out=p, OPart="*fp32", MPart="*fp32", LPart="*fp32",
-                   cache_len_ptr="*i64", seg_ptr="*i64", see_ptr="*i64", R="i32", n_anchor="i32",
-                   scale_log2="fp32", **i32("s_qr s_qh s_kr s_kh s_vr s_vh s_kch s_kcs s_vch s_vcs s_or s_oh")),
+                   cache_len_ptr="*i64", seg_ptr="*i64", see_ptr="*i64", R="i32", n_anchor="i32", HKV="i32",
+                   scale_log2="fp32", s_cl="i32", **i32("s_qb s_qr s_qh s_kb s_kr s_kh s_vb s_vr s_vh "
+                                                        "s_kcb s_kch s_kcs s_vcb s_vch s_vcs s_ob s_or s_oh")),
               dict(G=g, D=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_N=64, NUM_SPLITS=splits, PREC=prec), num_warps=4)
-    build(_combine_kernel, dict(Out="*bf16", OPart="*fp32", MPart="*fp32", LPart="*fp32", **i32("R H s_or s_oh")),
+    build(_combine_kernel, dict(Out="*bf16", OPart="*fp32", MPart="*fp32", LPart="*fp32",
+                                **i32("R H s_ob s_or s_oh")),
           dict(D=128, BLOCK_D=128, NUM_SPLITS=9, BLOCK_S=16))
 """)
 

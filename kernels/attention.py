@@ -1,27 +1,29 @@
 """Fused packed attention over the KV cache (Triton); same contract as `packed_ss.model.attention.packed_attention_ref`.
 
-One kernel does the whole call, anchor commit included. Each program owns a tile of BLOCK_M query
-vectors of one KV head: the H/Hkv query heads that share a KV head are flattened into the tile's rows
+One kernel does the whole call, anchor commit included, for a batch of B requests that share the layout
+(each with its own caches and cache_len[b]; batch strides, so caches may be views of a bigger buffer).
+Each program owns a tile of BLOCK_M query vectors of one KV head of one request (grid axis 1 is
+b * Hkv + hkv): the H/Hkv query heads that share a KV head are flattened into the tile's rows
 (m = row * G + head_in_group), so every K/V block is loaded once per tile whatever the GQA ratio.
 The keys a row can see come in three ranges, each read from where it lives:
 
-1. cache slots [0, cache_len)      - every row sees all of them (see[r] >= -1); no mask but the tail;
+1. cache slots [0, cache_len[b])   - every row sees all of them (see[r] >= -1); no mask but the tail;
 2. anchors a in [0, n_anchor)      - visible iff a <= see[r]; read from the call's own K/V, not the
                                      cache, so the in-place write below never races with a read;
                                      loop bound max(see in tile) + 1 (causal blocks are skipped);
 3. scratch rows c >= n_anchor      - visible iff seg[c] == seg[r] > 0; K/V blocks whose segment ids
                                      match no row of the tile are skipped (quadratic branches).
 
-The mask comes from O(rows) metadata and `cache_len` is loaded from its device tensor, so the grid
+The mask comes from O(rows) metadata and `cache_len[b]` is loaded from its device tensor, so the grid
 depends only on static shapes: the call is CUDA-graph capturable. The anchors' K/V are written to
-cache slots cache_len + a by the same launch (the anchor blocks are spread over all programs of a KV
-head); reading them from the call's K/V is equivalent because slot cache_len + a holds k[a] after the
-write. Precondition (true of every layout the engine issues): see[r] < n_anchor.
+cache slots cache_len[b] + a by the same launch (the anchor blocks are spread over all programs of a KV
+head of a request); reading them from the call's K/V is equivalent because slot cache_len[b] + a holds
+k[b, a] after the write. Precondition (true of every layout the engine issues): see[r] < n_anchor.
 
-Split-KV (flash-decoding): with NUM_SPLITS > 1 the cache range is cut into NUM_SPLITS device-computed
-chunks, one per program along grid axis 2; the last split also takes anchors and scratch rows. Each
-split writes an unnormalised partial (acc, max, sum) and a small kernel combines them. This keeps a
-decode call with few query tiles (2B = 64 rows) from using only a handful of SMs.
+Split-KV (flash-decoding): with NUM_SPLITS > 1 each request's cache range is cut into NUM_SPLITS
+device-computed chunks, one per program along grid axis 2; the last split also takes anchors and
+scratch rows. Each split writes an unnormalised partial (acc, max, sum) and a small kernel combines
+them. This keeps a decode call with few query tiles (2B = 64 rows) from using only a handful of SMs.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..model.attention import Layout
+from ..model.attention import Layout, batchable
 
 _LOG2E = 1.4426950408889634
 
@@ -53,21 +55,31 @@ def _online_update(acc, m_i, l_i, q, k, v, visible, scale_log2, PREC: tl.constex
 @triton.jit
 def _packed_attention_kernel(
     Q, K, V, KC, VC, Out, OPart, MPart, LPart, cache_len_ptr, seg_ptr, see_ptr,
-    R, n_anchor, scale_log2,
-    s_qr, s_qh, s_kr, s_kh, s_vr, s_vh, s_kch, s_kcs, s_vch, s_vcs, s_or, s_oh,
+    R, n_anchor, HKV, scale_log2, s_cl,
+    s_qb, s_qr, s_qh, s_kb, s_kr, s_kh, s_vb, s_vr, s_vh,
+    s_kcb, s_kch, s_kcs, s_vcb, s_vch, s_vcs, s_ob, s_or, s_oh,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    hkv = tl.program_id(1)
+    b = tl.program_id(1) // HKV
+    hkv = tl.program_id(1) % HKV
     split = tl.program_id(2)
-    cache_len = tl.load(cache_len_ptr)
+    cache_len = tl.load(cache_len_ptr + b * s_cl)
+    # Request b's tensors; 64-bit offsets (a batch of big caches can span more than 2^31 elements).
+    b64 = b.to(tl.int64)
+    Q += b64 * s_qb
+    K += b64 * s_kb
+    V += b64 * s_vb
+    KC += b64 * s_kcb
+    VC += b64 * s_vcb
+    Out += b64 * s_ob
 
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d[None, :] < D
 
-    # In-place anchor commit: anchor block b goes to program b mod (programs of this KV head).
+    # In-place anchor commit: anchor block i goes to program i mod (programs of this request's KV head).
     me = pid_m * NUM_SPLITS + split
     n_prog = tl.num_programs(0) * NUM_SPLITS
     for w0 in range(me * BLOCK_N, n_anchor, n_prog * BLOCK_N):
@@ -131,31 +143,33 @@ def _packed_attention_kernel(
         tl.store(Out + row[:, None] * s_or + head[:, None] * s_oh + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=out_ok)
     else:
-        # Partials are [NUM_SPLITS, R, H(, D)], contiguous; m is in the log2 domain.
-        H = G * tl.num_programs(1)
-        ml = (split * R + row) * H + head
+        # Partials are [NUM_SPLITS, B, R, H(, D)], contiguous; m is in the log2 domain.
+        H = G * HKV
+        ml = ((split * (tl.num_programs(1) // HKV) + b) * R + row) * H + head
         tl.store(MPart + ml, m_i, mask=row_ok)
         tl.store(LPart + ml, l_i, mask=row_ok)
         tl.store(OPart + ml[:, None] * D + offs_d[None, :], acc, mask=out_ok)
 
 
 @triton.jit
-def _combine_kernel(Out, OPart, MPart, LPart, R, H, s_or, s_oh,
+def _combine_kernel(Out, OPart, MPart, LPart, R, H, s_ob, s_or, s_oh,
                     D: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
-    """out[r, h] = sum_s 2^(m_s - m) acc_s / sum_s 2^(m_s - m) l_s over the splits."""
+    """out[b, r, h] = sum_s 2^(m_s - m) acc_s / sum_s 2^(m_s - m) l_s over the splits; grid (R, H, B)."""
     row = tl.program_id(0)
     head = tl.program_id(1)
+    b = tl.program_id(2)
     s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = s < NUM_SPLITS
-    ml = (s * R + row) * H + head
+    ml = ((s * tl.num_programs(2) + b) * R + row) * H + head
     m = tl.load(MPart + ml, mask=s_ok, other=float("-inf"))
     l_s = tl.load(LPart + ml, mask=s_ok, other=0.0)
     ok = s_ok[:, None] & (offs_d[None, :] < D)
     o = tl.load(OPart + ml[:, None] * D + offs_d[None, :], mask=ok, other=0.0)
     w = tl.exp2(m - tl.max(m, 0))
     out = tl.sum(o * w[:, None], 0) / tl.sum(l_s * w, 0)
-    tl.store(Out + row * s_or + head * s_oh + offs_d, out.to(Out.dtype.element_ty), mask=offs_d < D)
+    tl.store(Out + b.to(tl.int64) * s_ob + row * s_or + head * s_oh + offs_d, out.to(Out.dtype.element_ty),
+             mask=offs_d < D)
 
 
 def _interpreting() -> bool:
@@ -169,6 +183,7 @@ def _sm_count(index: int) -> int:
 
 def _default_splits(device: torch.device, programs: int, capacity: int, block_n: int) -> int:
     """About two programs per SM, rounded down to a power of two, at least 4 blocks per split; 1 off the GPU.
+    `programs` counts the programs of one split: query tiles x KV heads x batch.
     (H200, 64 rows x 32 heads at 8192 cached: 8 splits 41.8 us, the unrounded 9 49.2 us, 16 45.7 us;
     bench/RESULTS.md.)
 
@@ -180,18 +195,21 @@ def _default_splits(device: torch.device, programs: int, capacity: int, block_n:
     return 1 << (max(1, want).bit_length() - 1)
 
 
+@batchable
 def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale: float, *,
                      block_m: int | None = None, block_n: int | None = None,
                      num_splits: int | None = None, num_warps: int = 4, num_stages: int = 2):
-    """q [R, H, D], k/v [R, Hkv, D]; caches [Hkv, S, D] (anchors written in place). Returns [R, H, D].
+    """q [B, R, H, D], k/v [B, R, Hkv, D]; caches [B, Hkv, S, D] (anchors written in place); cache_len [B].
+    Returns [B, R, H, D]. Without the batch dim (0-d cache_len): one request, [R, H, D].
 
     Keyword arguments tune the launch (tile rows, KV block, split-KV count); the defaults are static
     functions of the shapes.
     """
-    rows, heads, dim = q.shape
-    kv_heads, capacity = k_cache.shape[0], k_cache.shape[1]
+    batch, rows, heads, dim = q.shape
+    kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
     assert heads % kv_heads == 0, "query heads must be a multiple of KV heads"
-    assert k.shape == v.shape == (rows, kv_heads, dim) and k_cache.shape == v_cache.shape
+    assert k.shape == v.shape == (batch, rows, kv_heads, dim) and k_cache.shape == v_cache.shape
+    assert k_cache.shape[0] == batch and cache_len.shape == (batch,)
     assert k_cache.dtype == v_cache.dtype == k.dtype == v.dtype == q.dtype
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1
     group = heads // kv_heads
@@ -200,27 +218,26 @@ def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale
     block_n = block_n or (128 if interp else 64)   # the interpreter's cost is per op: big blocks
     block_m = block_m or max(16, min(128 if interp else 64, triton.next_power_of_2(rows * group)))
     m_blocks = triton.cdiv(rows * group, block_m)
-    splits = num_splits or _default_splits(q.device, m_blocks * kv_heads, capacity, block_n)
+    splits = num_splits or _default_splits(q.device, m_blocks * kv_heads * batch, capacity, block_n)
 
-    out = torch.empty((rows, heads, dim), dtype=q.dtype, device=q.device)
+    out = torch.empty((batch, rows, heads, dim), dtype=q.dtype, device=q.device)
     if splits > 1:
-        o_part = torch.empty((splits, rows, heads, dim), dtype=torch.float32, device=q.device)
-        m_part = torch.empty((splits, rows, heads), dtype=torch.float32, device=q.device)
+        o_part = torch.empty((splits, batch, rows, heads, dim), dtype=torch.float32, device=q.device)
+        m_part = torch.empty((splits, batch, rows, heads), dtype=torch.float32, device=q.device)
         l_part = torch.empty_like(m_part)
     else:
         o_part = m_part = l_part = out
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    _packed_attention_kernel[(m_blocks, kv_heads, splits)](
+    _packed_attention_kernel[(m_blocks, batch * kv_heads, splits)](
         q, k, v, k_cache, v_cache, out, o_part, m_part, l_part, cache_len, layout.seg, layout.see,
-        rows, layout.n_anchor, scale * _LOG2E,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        out.stride(0), out.stride(1),
+        rows, layout.n_anchor, kv_heads, scale * _LOG2E, cache_len.stride(0),
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
         G=group, D=dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=splits,
         PREC=prec, num_warps=num_warps, num_stages=num_stages,
     )
     if splits > 1:
-        _combine_kernel[(rows, heads)](out, o_part, m_part, l_part, rows, heads, out.stride(0), out.stride(1),
-                                       D=dim, BLOCK_D=block_d, NUM_SPLITS=splits,
-                                       BLOCK_S=triton.next_power_of_2(splits))
+        _combine_kernel[(rows, heads, batch)](out, o_part, m_part, l_part, rows, heads, *out.stride()[:3],
+                                              D=dim, BLOCK_D=block_d, NUM_SPLITS=splits,
+                                              BLOCK_S=triton.next_power_of_2(splits))
     return out

@@ -110,6 +110,69 @@ def test_head_dims(dim, kv_heads, group, dtype):
     check_attention("packed", 7, 203, group, dim=dim, kv_heads=kv_heads, dtype=dtype)
 
 
+BATCH_LENS = (0, 5, 37)   # one cache length per request of a batch
+
+
+def batch_inputs(kind, group, dtype, device=DEVICE, dim=16, kv_heads=2, poison=True):
+    """A batch of len(BATCH_LENS) requests sharing one layout. The caches are layer 1 of 2 of request-major
+    [B, L, Hkv, S, D] buffers seen as [L, B, Hkv, S, D]: non-contiguous [B, Hkv, S, D] views. Every slot
+    from a request's cache_len on is NaN (poison) or random; returns the whole buffers."""
+    lay = engine_layout(kind, 3).to(device)
+    batch, heads = len(BATCH_LENS), kv_heads * group
+    gen = torch.Generator(device="cpu").manual_seed(100 * group + len(kind))
+    q, k, v = (torch.randn(batch, lay.rows, h, dim, generator=gen).to(device, dtype)
+               for h in (heads, kv_heads, kv_heads))
+    bufs = [torch.randn(batch, 2, kv_heads, CAPACITY, dim, generator=gen).to(device, dtype) for _ in range(2)]
+    for b, n in enumerate(BATCH_LENS if poison else ()):
+        for buf in bufs:
+            buf[b, :, :, n:] = float("nan")
+    k_all, v_all = (buf.transpose(0, 1) for buf in bufs)
+    assert not k_all[1].is_contiguous()
+    return lay, q, k, v, k_all, v_all, torch.tensor(BATCH_LENS, device=device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("kind", ["prefill", "packed", "quadratic"])
+def test_batch(kind, group, splits, dtype):
+    """A batch of 3 requests with their own cache lengths, one launch: every request's output equals the
+    reference run on that request alone, and its anchors land in its own cache at its own slots only."""
+    lay, q, k, v, k_all, v_all, length = batch_inputs(kind, group, dtype)
+    scale = q.shape[-1] ** -0.5
+    want_k, want_v = k_all.clone(), v_all.clone()
+    for b, n in enumerate(BATCH_LENS):
+        want_k[1, b, :, n:n + lay.n_anchor] = k[b, :lay.n_anchor].transpose(0, 1)
+        want_v[1, b, :, n:n + lay.n_anchor] = v[b, :lay.n_anchor].transpose(0, 1)
+
+    out = packed_attention(q, k, v, k_all[1], v_all[1], length, lay, scale, block_n=16, num_splits=splits)
+    assert out.shape == q.shape and out.dtype == dtype
+    for b in range(len(BATCH_LENS)):
+        ref = packed_attention_ref(q[b].double(), k[b].double(), v[b].double(), want_k[1, b].double().nan_to_num(1e4),
+                                   want_v[1, b].double().nan_to_num(1e4), length[b], lay, scale)
+        torch.testing.assert_close(out[b].double(), ref, rtol=TOL[dtype], atol=TOL[dtype])
+    # The whole buffers: the other layer, the other requests and every slot outside the anchors' are untouched.
+    torch.testing.assert_close(k_all, want_k, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(v_all, want_v, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_batched_reference(kind, group):
+    """The batched torch reference (vectorised over the batch) equals the per-request reference (CPU, fp32)."""
+    cpu = torch.device("cpu")
+    lay, q, k, v, k_all, v_all, length = batch_inputs(kind, group, torch.float32, cpu, poison=False)
+    scale = q.shape[-1] ** -0.5
+    want_k, want_v = k_all.clone(), v_all.clone()
+    want = [packed_attention_ref(q[b], k[b], v[b], want_k[1, b], want_v[1, b], length[b], lay, scale)
+            for b in range(len(BATCH_LENS))]
+    out = packed_attention_ref(q, k, v, k_all[1], v_all[1], length, lay, scale)
+    assert out.shape == q.shape
+    torch.testing.assert_close(out, torch.stack(want), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k_all, want_k, rtol=0, atol=0)
+    torch.testing.assert_close(v_all, want_v, rtol=0, atol=0)
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """A random 2-layer HF llama (GQA 2, head_dim 16) saved to disk and loaded through packed_ss."""
@@ -163,10 +226,12 @@ AOT = textwrap.dedent("""
         p = "*" + dt
         build(_packed_attention_kernel,
               dict(Q=p, K=p, V=p, KC=p, VC=p, Out=p, OPart="*fp32", MPart="*fp32", LPart="*fp32",
-                   cache_len_ptr="*i64", seg_ptr="*i64", see_ptr="*i64", R="i32", n_anchor="i32",
-                   scale_log2="fp32", **i32("s_qr s_qh s_kr s_kh s_vr s_vh s_kch s_kcs s_vch s_vcs s_or s_oh")),
+                   cache_len_ptr="*i64", seg_ptr="*i64", see_ptr="*i64", R="i32", n_anchor="i32", HKV="i32",
+                   scale_log2="fp32", s_cl="i32", **i32("s_qb s_qr s_qh s_kb s_kr s_kh s_vb s_vr s_vh "
+                                                        "s_kcb s_kch s_kcs s_vcb s_vch s_vcs s_ob s_or s_oh")),
               dict(G=g, D=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_N=64, NUM_SPLITS=splits, PREC=prec), num_warps=4)
-    build(_combine_kernel, dict(Out="*bf16", OPart="*fp32", MPart="*fp32", LPart="*fp32", **i32("R H s_or s_oh")),
+    build(_combine_kernel, dict(Out="*bf16", OPart="*fp32", MPart="*fp32", LPart="*fp32",
+                                **i32("R H s_ob s_or s_oh")),
           dict(D=128, BLOCK_D=128, NUM_SPLITS=9, BLOCK_S=16))
 """)
 

@@ -12,9 +12,15 @@ The mask is never materialised by the caller; it follows from O(rows) metadata:
 - row r sees cache slot j  iff  j < cache_len + see[r] + 1   (anchors: see[r] = r, i.e. causal;
   a scratch row sees the cache plus the anchors up to see[r], -1 for none);
 - scratch rows r, c see each other iff seg[r] == seg[c]       (anchors have seg 0, scratch seg >= 1).
+
+A call may also be a batch of B requests that share the Layout but each have their own cache and cache
+length: q [B, R, H, D], k/v [B, R, Hkv, D], caches [B, Hkv, S, D], cache_len [B]; row r of request b sees
+slot j of its own cache iff j < cache_len[b] + see[r] + 1. Backends implement the batched form only;
+`batchable` turns one request's call (no batch dim, 0-d cache_len) into a batch of 1.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,34 +43,56 @@ class Layout:
         return Layout(self.n_anchor, self.seg.to(device), self.see.to(device), self.draft_from)
 
 
+def batchable(fn):
+    """Let a batched function (first argument [B, ...]: q [B, R, H, D] or caches [B, Hkv, S, D]; cache_len
+    [B]) also take one request's call (first argument 3-D, 0-d cache_len): every tensor argument gains a
+    batch of 1 (a view, so in-place anchor writes land in the caller's caches) and a returned tensor loses it.
+    """
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if args[0].dim() != 3:
+            return fn(*args, **kwargs)
+        out = fn(*(a[None] if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
+        return None if out is None else out[0]
+    return call
+
+
 def dense_mask(layout: Layout, cache_len: torch.Tensor, capacity: int) -> torch.Tensor:
-    """Boolean [R, capacity + scratch] mask equivalent to the metadata rule (for SDPA and for tests)."""
+    """Boolean [R, capacity + scratch] mask equivalent to the metadata rule (for SDPA and for tests);
+    [B, R, capacity + scratch] for a batch's cache_len [B]."""
     slots = torch.arange(capacity, device=layout.seg.device)
-    cache_vis = slots[None, :] < (cache_len + layout.see + 1)[:, None]
+    cache_vis = slots < (cache_len[..., None] + layout.see + 1)[..., None]
     scratch_seg = layout.seg[layout.n_anchor:]
     scratch_vis = (layout.seg[:, None] == scratch_seg[None, :]) & (layout.seg[:, None] > 0)
-    return torch.cat([cache_vis, scratch_vis], dim=1)
+    return torch.cat([cache_vis, scratch_vis.expand(*cache_vis.shape[:-1], -1)], dim=-1)
 
 
+@batchable
 def write_anchors(k_cache, v_cache, k, v, cache_len: torch.Tensor, n_anchor: int) -> None:
-    """Write the anchors' K/V ([R, Hkv, D]) into cache slots cache_len + i ([Hkv, S, D] caches)."""
+    """Write the anchors' K/V ([B, R, Hkv, D]) into slots cache_len[b] + i of each request's caches
+    ([B, Hkv, S, D], views allowed): one index_put_ per cache for the whole batch, no host read."""
     if n_anchor == 0:
         return
-    slots = cache_len + torch.arange(n_anchor, device=k.device)
-    k_cache.index_copy_(1, slots, k[:n_anchor].transpose(0, 1))
-    v_cache.index_copy_(1, slots, v[:n_anchor].transpose(0, 1))
+    batch, kv_heads = k_cache.shape[:2]
+    b = torch.arange(batch, device=k.device)[:, None, None]
+    h = torch.arange(kv_heads, device=k.device)[None, :, None]
+    slots = (cache_len[:, None] + torch.arange(n_anchor, device=k.device))[:, None, :]   # [B, 1, n_anchor]
+    k_cache.index_put_((b, h, slots), k[:, :n_anchor].transpose(1, 2))
+    v_cache.index_put_((b, h, slots), v[:, :n_anchor].transpose(1, 2))
 
 
+@batchable
 def packed_attention_ref(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale: float):
-    """q [R, H, D], k/v [R, Hkv, D]; caches [Hkv, S, D] (anchors written in place). Returns [R, H, D]."""
+    """q [B, R, H, D], k/v [B, R, Hkv, D]; caches [B, Hkv, S, D] (anchors written in place); cache_len [B].
+    Returns [B, R, H, D]. Without the batch dim (0-d cache_len): one request, [R, H, D]."""
     write_anchors(k_cache, v_cache, k, v, cache_len, layout.n_anchor)
     n = layout.n_anchor
-    keys = torch.cat([k_cache, k[n:].transpose(0, 1)], dim=1)
-    values = torch.cat([v_cache, v[n:].transpose(0, 1)], dim=1)
-    mask = dense_mask(layout, cache_len, k_cache.shape[1])
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask[None],
+    keys = torch.cat([k_cache, k[:, n:].transpose(1, 2)], dim=2)
+    values = torch.cat([v_cache, v[:, n:].transpose(1, 2)], dim=2)
+    mask = dense_mask(layout, cache_len, k_cache.shape[2])
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask[:, None],
                                          scale=scale, enable_gqa=True)
-    return out.transpose(0, 1)
+    return out.transpose(1, 2)
 
 
 BACKENDS = ("torch", "triton")

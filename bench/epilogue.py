@@ -47,9 +47,9 @@ class StandInModel:
                                    any_order=False)
         self.device, self.dtype = torch.device(device), torch.float32
 
-    def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(torch.zeros(1, 1, capacity, 1, device=self.device),
-                       torch.zeros(1, 1, capacity, 1, device=self.device))
+    def new_cache(self, capacity: int, batch: int | None = None) -> KVCache:
+        shape = (1, *([batch] if batch else []), 1, capacity, 1)
+        return KVCache(torch.zeros(shape, device=self.device), torch.zeros(shape, device=self.device))
 
     def __call__(self, tokens, positions, layout, cache, cache_len, attend=None):
         return self.logits[: tokens.shape[0]]

@@ -29,8 +29,9 @@ class ScriptedModel:
                                    any_order=False)
         self.device, self.dtype = torch.device("cpu"), torch.float32
 
-    def new_cache(self, capacity):
-        return KVCache(torch.zeros(1, 1, capacity, 1), torch.zeros(1, 1, capacity, 1))
+    def new_cache(self, capacity, batch=None):
+        shape = (1, *([batch] if batch else []), 1, capacity, 1)
+        return KVCache(torch.zeros(shape), torch.zeros(shape))
 
     def __call__(self, tokens, positions, layout, cache, cache_len, attend=None):
         rows, n = tokens.numel(), layout.n_anchor

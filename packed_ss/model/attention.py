@@ -59,9 +59,11 @@ def batchable(fn):
 
 def dense_mask(layout: Layout, cache_len: torch.Tensor, capacity: int) -> torch.Tensor:
     """Boolean [R, capacity + scratch] mask equivalent to the metadata rule (for SDPA and for tests);
-    [B, R, capacity + scratch] for a batch's cache_len [B]."""
+    [B, R, capacity + scratch] for a batch's cache_len [B], or a cached length per row, [B, R] (the drafter's
+    training calls, lab/drafter/calls.py: one request, many prefixes)."""
     slots = torch.arange(capacity, device=layout.seg.device)
-    cache_vis = slots < (cache_len[..., None] + layout.see + 1)[..., None]
+    per_row = cache_len if cache_len.dim() == 2 else cache_len[..., None]
+    cache_vis = slots < (per_row + layout.see + 1)[..., None]
     scratch_seg = layout.seg[layout.n_anchor:]
     scratch_vis = (layout.seg[:, None] == scratch_seg[None, :]) & (layout.seg[:, None] > 0)
     return torch.cat([cache_vis, scratch_vis.expand(*cache_vis.shape[:-1], -1)], dim=-1)

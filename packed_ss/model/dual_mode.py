@@ -154,7 +154,10 @@ class DualModeModel(nn.Module):
         """
         if tokens.dim() == 1:
             one = KVCache(cache.k.unsqueeze(1), cache.v.unsqueeze(1))
-            return self.forward(tokens[None], positions[None], layout, one, cache_len.view(1), attend)[0]
+            return self._forward(tokens[None], positions[None], layout, one, cache_len[None], attend)[0]
+        return self._forward(tokens, positions, layout, cache, cache_len, attend)
+
+    def _forward(self, tokens, positions, layout: Layout, cache: KVCache, cache_len, attend) -> torch.Tensor:
         x = self.model.embed_tokens(tokens)
         rope = rope_cos_sin(self.inv_freq, self.rope_scaling, positions, x.dtype)
         q_scale = None

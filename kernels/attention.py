@@ -183,7 +183,9 @@ def _sm_count(index: int) -> int:
 
 def _default_splits(device: torch.device, programs: int, capacity: int, block_n: int) -> int:
     """About two programs per SM, rounded down to a power of two, at least 4 blocks per split; 1 off the GPU.
-    `programs` counts the programs of one split: query tiles x KV heads x batch.
+    `programs` counts one request's programs of one split (query tiles x KV heads): the split count, hence
+    the order of the softmax reduction, must not depend on the batch, or a request's logits (and a sampled
+    token at a boundary) would change with the requests decoded beside it.
     (H200, 64 rows x 32 heads at 8192 cached: 8 splits 41.8 us, the unrounded 9 49.2 us, 16 45.7 us;
     bench/RESULTS.md.)
 
@@ -218,7 +220,7 @@ def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale
     block_n = block_n or (128 if interp else 64)   # the interpreter's cost is per op: big blocks
     block_m = block_m or max(16, min(128 if interp else 64, triton.next_power_of_2(rows * group)))
     m_blocks = triton.cdiv(rows * group, block_m)
-    splits = num_splits or _default_splits(q.device, m_blocks * kv_heads * batch, capacity, block_n)
+    splits = num_splits or _default_splits(q.device, m_blocks * kv_heads, capacity, block_n)   # batch-invariant
 
     out = torch.empty((batch, rows, heads, dim), dtype=q.dtype, device=q.device)
     if splits > 1:

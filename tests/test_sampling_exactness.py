@@ -17,9 +17,9 @@ reference bit for bit, tests/test_epilogue.py); the broken rules are patched int
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
-import numpy as np
 from scipy.stats import chi2, chi2_contingency
 from tiny_models import checkpoint, hf_model
 

@@ -27,14 +27,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...decode.sampling import SamplingParams
 from ...decode.schedules import SCHEDULES
 from ...engine import Engine
 from ...model.loading import DTYPES, default_model_path, load_model
 from ...model.tokenizer import load_tokenizer
+from ...runtime.program import call_layouts
 from ..humaneval import tokenized_prompts
 from ..progress import progress
 from .options import add_shared_args, apply_preset, width
 from .report import batch_markdown, plot_batch
+from .schedules import _cpu_name
 from .stats import bootstrap_counts, paired
 
 FULL = dict(limit=8, max_new_tokens=128, rounds=5)
@@ -65,11 +68,7 @@ class BatchRecord:
 
 def load_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
     """(task id, token ids) of the first --limit prompts, repeated in order when there are fewer."""
-    if args.prompts_file is None:
-        items = tokenized_prompts(tokenizer, args.limit)
-    else:
-        lines = [json.loads(line) for line in args.prompts_file.read_text().splitlines() if line.strip()]
-        items = [(r.get("task_id", str(i)), tokenizer.encode(r["prompt"]).ids) for i, r in enumerate(lines)]
+    items = tokenized_prompts(tokenizer, args.limit, args.prompts_file)
     if not items:
         raise ValueError("no prompts")
     return [items[i % len(items)] for i in range(args.limit)]
@@ -115,10 +114,12 @@ def study(engine: Engine, w: int | str, t: float, prompts: list[list[int]], args
     seeds = [args.seed + i for i in range(len(prompts))]
     label = f"{engine.schedule_name} W={engine.width} T={t:g}"
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=t)
-    for b in kinds:                         # warm up every loop shape (a CUDA graph is captured per batch size)
-        decode(engine, prompts[:b or 1], b, seeds[:b or 1], dict(kw, max_new_tokens=min(8, args.max_new_tokens)))
+    for b in kinds:     # warm up every loop at its real shapes (a CUDA graph is captured per batch size)
+        decode(engine, prompts[:b or 1], b, seeds[:b or 1], kw)
+    layouts = call_layouts(engine.program(SamplingParams()))
     config = {"schedule": engine.schedule_name, "width": w, "engine_width": engine.width, "temperature": t,
-              "epilogue": engine.epilogue, "mode": engine.runtime.mode, "prefill": probe_prefill(engine, prompts, t)}
+              "epilogue": engine.epilogue, "mode": engine.runtime.mode, "calls_per_iter": len(layouts),
+              "rows_per_request": sum(lay.rows for lay in layouts), "prefill": probe_prefill(engine, prompts, t)}
     records, failures = [], []
     for r in range(args.rounds):
         outputs, group = {}, []
@@ -180,60 +181,57 @@ def run(args) -> tuple[dict, list[str]]:
 
 
 def analyse(records: list[BatchRecord], configs: list[dict], args, n_prompts: int) -> list[dict]:
-    """Per configuration and run kind: totals over rounds, rates, and the paired speed-up over the baseline."""
+    """Per configuration and run kind: totals over rounds, rates, and the paired speed-up over the baseline;
+    per configuration (eager loop), model time per iteration fitted against the rows of an iteration."""
     counts = bootstrap_counts(args.rounds, args.resamples, args.seed)
     rows = []
     for c in configs:
-        mine = [r for r in records if (r.schedule, r.width, r.temperature) == (c["schedule"], c["width"],
-                                                                                c["temperature"])]
-
-        def per_round(b):
-            runs = sorted((r for r in mine if r.batch_size == b), key=lambda r: r.round)
-            return runs, {"tokens": np.array([r.tokens for r in runs], float),
-                          "wall_s": np.array([r.wall_s for r in runs]), "nfe": np.array([r.nfe for r in runs], float),
-                          "n": np.ones(len(runs))}
-        seq_runs, seq = per_round(None)
-        seq_iters = sum(r.iterations for r in seq_runs)
-        for b in [None, *args.batch_sizes]:
-            runs, arrays = per_round(b)
-            wall, iters = sum(r.wall_s for r in runs), sum(r.iterations for r in runs)
-            alone, n = len(runs) * c["prefill"]["wall_s"], len(runs)
-            entries = n * (n_prompts - b) if b else 0     # a joiner's first iteration runs alone, uncounted
-            model = None if runs[0].model_s is None else sum(r.model_s for r in runs) - n * c["prefill"]["model_s"]
-            row = {k: c[k] for k in ("schedule", "width", "engine_width", "temperature")}
-            row.update(batch_size=b, runs=len(runs), tokens=sum(r.tokens for r in runs) / len(runs),
-                       wall_s=wall / len(runs), throughput=float(arrays["tokens"].sum() / wall),
-                       iterations=iters / len(runs), ms_per_iter=1e3 * wall / iters,
-                       decode_ms_per_iter=1e3 * (wall - alone) / iters, prefill_share=alone / wall,
-                       model_ms_per_iter=None if model is None else 1e3 * model / iters,
-                       nonmodel_ms_per_iter=None if model is None else 1e3 * (wall - alone - model) / iters,
-                       tokens_per_nfe=float(arrays["tokens"].sum() / arrays["nfe"].sum()),
-                       tokens_per_iter=float(arrays["tokens"].sum() / iters),
-                       mean_accepted=_ratio(sum(r.n_accepted for r in runs), sum(r.n_verify for r in runs)),
-                       occupancy=(seq_iters - entries) / ((b or 1) * iters),
-                       round_speedups=[r.tokens / r.wall_s / (s.tokens / s.wall_s) for r, s in zip(runs, seq_runs)],
-                       same_as_sequential=None if b is None else sum(bool(r.same_as_sequential) for r in runs))
-            if b is not None:
-                row["speedup"] = paired(arrays, seq, counts)["throughput_ratio"]
-            rows.append(row)
+        runs = {b: sorted((r for r in records if (r.schedule, r.width, r.temperature, r.batch_size)
+                           == (c["schedule"], c["width"], c["temperature"], b)), key=lambda r: r.round)
+                for b in [None, *args.batch_sizes]}
+        mine = [summarise(c, b, runs[b], runs[None], n_prompts, counts) for b in runs]
+        timed = [r for r in mine if r["model_ms_per_iter"] is not None]
+        if len({r["batch_size"] or 1 for r in timed}) >= 2:
+            x = [(r["batch_size"] or 1) * c["rows_per_request"] for r in timed]
+            per_row, fixed = np.polyfit(x, [r["model_ms_per_iter"] for r in timed], 1)
+            c["model_ms_fit"] = {"fixed_ms": float(fixed), "per_row_ms": float(per_row)}
+        rows += mine
     return rows
+
+
+def summarise(c: dict, b: int | None, runs: list[BatchRecord], seq: list[BatchRecord], n_prompts: int,
+              counts: np.ndarray) -> dict:
+    """One run kind of one configuration over its rounds (`seq`: the baseline's runs, in the same rounds)."""
+    def arrays(rs):
+        return {"tokens": np.array([r.tokens for r in rs], float), "wall_s": np.array([r.wall_s for r in rs]),
+                "nfe": np.array([r.nfe for r in rs], float), "n": np.ones(len(rs))}
+    n, tokens, wall, iters = len(runs), sum(r.tokens for r in runs), sum(r.wall_s for r in runs), \
+        sum(r.iterations for r in runs)
+    alone = n * c["prefill"]["wall_s"]                  # the probe: what every request runs alone
+    joins = n * (n_prompts - b) if b else 0             # a joiner's first iteration runs alone, uncounted
+    model = None if runs[0].model_s is None else sum(r.model_s for r in runs) - n * c["prefill"]["model_s"]
+    row = {k: c[k] for k in ("schedule", "width", "engine_width", "temperature")}
+    row.update(batch_size=b, runs=n, tokens=tokens / n, wall_s=wall / n, throughput=tokens / wall,
+               iterations=iters / n, ms_per_iter=1e3 * wall / iters, decode_ms_per_iter=1e3 * (wall - alone) / iters,
+               prefill_share=alone / wall, model_ms_per_iter=None if model is None else 1e3 * model / iters,
+               nonmodel_ms_per_iter=None if model is None else 1e3 * (wall - alone - model) / iters,
+               tokens_per_nfe=tokens / sum(r.nfe for r in runs), tokens_per_iter=tokens / iters,
+               mean_accepted=_ratio(sum(r.n_accepted for r in runs), sum(r.n_verify for r in runs)),
+               occupancy=(sum(r.iterations for r in seq) - joins) / ((b or 1) * iters),
+               round_speedups=[r.tokens / r.wall_s / (s.tokens / s.wall_s) for r, s in zip(runs, seq)],
+               same_as_sequential=None if b is None else sum(bool(r.same_as_sequential) for r in runs))
+    if b is not None:
+        row["speedup"] = paired(arrays(runs), arrays(seq), counts)["throughput_ratio"]
+    return row
 
 
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
-def _cpu_name() -> str:
-    from .schedules import _cpu_name as cpu_name
-    return cpu_name()
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m packed_ss bench --batch-sizes ...",
-        description="Batch study: aggregate throughput of Engine.generate_batch at each batch size against the "
-                    "same requests decoded one after another with Engine.generate, with paired bootstrap 95% "
-                    "intervals over rounds and an exactness check of every batched output.")
+        prog="python -m packed_ss bench --batch-sizes ...", description=__doc__.split("\n\n")[0])
     add_shared_args(p, FULL, QUICK, outputs="batch.json, batch.md, batch.png",
                     model="local model directory (default: the embedded model)")
     p.add_argument("--batch-sizes", type=int, nargs="+", required=True,

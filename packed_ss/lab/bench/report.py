@@ -196,7 +196,12 @@ def batch_markdown(result: dict) -> str:
         out += ["", f"### {_config_label(c)} ({c['epilogue']} epilogue, {c['mode']} loop)", "",
                 f"Prefill probe (`generate` with max_new_tokens=1 per prompt, median of 3; runs alone in every mode): "
                 f"{1e3 * p['wall_s']:.1f} ms for all {meta['n_prompts']} prompts, "
-                f"{1e3 * p['wall_s'] / meta['n_prompts']:.2f} ms per request.", "",
+                f"{1e3 * p['wall_s'] / meta['n_prompts']:.2f} ms per request. A request's iteration: "
+                f"{c['calls_per_iter']} call(s), {c['rows_per_request']} rows."
+                + ("" if "model_ms_fit" not in c else
+                   f" Model time per iteration against rows per iteration (batch size x "
+                   f"{c['rows_per_request']}), least squares: {c['model_ms_fit']['fixed_ms']:.2f} ms + "
+                   f"{c['model_ms_fit']['per_row_ms']:.4f} ms x rows."), "",
                 "| run | tok/s | speed-up [95% CI] | wall s | iterations | ms/iter | decode ms/iter | model ms/iter "
                 "| non-model ms/iter | occupancy | prefill % | tok/iter | tok/NFE | acc/verify | = sequential |",
                 "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

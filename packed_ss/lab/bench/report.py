@@ -1,5 +1,5 @@
-"""The benchmarks' reports: markdown tables of the schedule and any-order results, and the schedule
-benchmark's latency and ratio plots (bench.json is the result dictionary itself)."""
+"""The benchmarks' reports: markdown tables of the schedule, any-order and batch-study results, the schedule
+benchmark's latency and ratio plots and the batch study's plot (each JSON is the result dictionary itself)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -161,3 +161,97 @@ def any_order_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+
+
+def _config_label(c: dict) -> str:
+    w = f"auto={c['engine_width']}" if c["width"] == "auto" else str(c["width"])
+    return f"{c['schedule']} W={w} T={c['temperature']:g}"
+
+
+def _opt(value, fmt: str) -> str:
+    return "" if value is None else f"{value:{fmt}}"
+
+
+def batch_markdown(result: dict) -> str:
+    """batch.md of the batch study: the exactness verdict, then one table per configuration."""
+    meta = result["meta"]
+    out = [f"Batch study: model `{meta['model']}` ({meta['dtype']}, {meta['device']} {meta['device_name']}"
+           f"{', CUDA graphs' if meta['cuda_graph'] else ''}, {meta['threads']} thread(s)); {meta['n_prompts']} "
+           f"prompts ({meta['prompts_file'] or 'HumanEval'}, repeated in order if fewer), {meta['max_new_tokens']} "
+           f"new tokens, EOS from the model config; {meta['rounds']} round(s), the baseline and every batch size in "
+           f"each, order rotated; load average {meta['loadavg_start']:.2f} at the start, {meta['loadavg_end']:.2f} "
+           f"at the end; {meta['elapsed_s']:.0f} s.", "",
+           f"Speed-up: aggregate throughput over the sequential baseline (`generate` per prompt, one after another), "
+           f"95% CI: {meta['interval']}, {meta['resamples']} resamples.", ""]
+    batched = [r for r in result["records"] if r["batch_size"] is not None]
+    if result["exact"]:
+        out.append(f"Exactness: every batched output equals its request's sequential output ({len(batched)} runs x "
+                   f"{meta['n_prompts']} requests).")
+    else:
+        out += ["**EXACTNESS CHECK FAILED**: batched outputs differ from the sequential ones:", ""]
+        out += [f"- {line}" for line in result["failures"]]
+    for c in result["configs"]:
+        rows = [r for r in result["summary"] if all(r[k] == c[k] for k in ("schedule", "width", "temperature"))]
+        p = c["prefill"]
+        out += ["", f"### {_config_label(c)} ({c['epilogue']} epilogue, {c['mode']} loop)", "",
+                f"Prefill probe (`generate` with max_new_tokens=1 per prompt, median of 3; runs alone in every mode): "
+                f"{1e3 * p['wall_s']:.1f} ms for all {meta['n_prompts']} prompts, "
+                f"{1e3 * p['wall_s'] / meta['n_prompts']:.2f} ms per request. A request's iteration: "
+                f"{c['calls_per_iter']} call(s), {c['rows_per_request']} rows."
+                + ("" if "model_ms_fit" not in c else
+                   f" Model time per iteration against rows per iteration (batch size x "
+                   f"{c['rows_per_request']}), least squares: {c['model_ms_fit']['fixed_ms']:.2f} ms + "
+                   f"{c['model_ms_fit']['per_row_ms']:.4f} ms x rows."), "",
+                "| run | tok/s | speed-up [95% CI] | wall s | iterations | ms/iter | decode ms/iter | model ms/iter "
+                "| non-model ms/iter | occupancy | prefill % | tok/iter | tok/NFE | acc/verify | = sequential |",
+                "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            run = "sequential" if r["batch_size"] is None else f"batch {r['batch_size']}"
+            speed = "baseline" if r["batch_size"] is None else _ci(r["speedup"], ".2f")
+            same = "" if r["same_as_sequential"] is None else f"{r['same_as_sequential']}/{r['runs']}"
+            out.append(f"| {run} | {r['throughput']:.1f} | {speed} | {r['wall_s']:.3f} | {r['iterations']:.0f} "
+                       f"| {r['ms_per_iter']:.2f} | {r['decode_ms_per_iter']:.2f} "
+                       f"| {_opt(r['model_ms_per_iter'], '.2f')} | {_opt(r['nonmodel_ms_per_iter'], '.2f')} "
+                       f"| {r['occupancy']:.2f} "
+                       f"| {100 * r['prefill_share']:.1f} | {r['tokens_per_iter']:.2f} | {r['tokens_per_nfe']:.2f} "
+                       f"| {_opt(r['mean_accepted'], '.2f')} | {same} |")
+    out += ["", "Per run, means over rounds. ms/iter: wall / batch iterations (prefills excluded from the count, "
+            "not from the wall); decode ms/iter: the same without the prefill probe's time; model / non-model "
+            "ms/iter: that decode time split by the runtime's model-call clock (eager loop only); occupancy: the "
+            "share of slot-iterations that decoded a request, (sequential iterations - joins) / (batch size x "
+            "iterations), where each of the N - b requests that joins a running batch runs its first iteration "
+            "alone (in the wall, not in the iteration count); "
+            "prefill %: the probe's share of the wall; = sequential: rounds whose outputs all equal the baseline's."]
+    return "\n".join(out) + "\n"
+
+
+def plot_batch(result: dict, path: Path):
+    """Aggregate throughput and speed-up over the sequential baseline against batch size, per configuration."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    sizes = result["meta"]["batch_sizes"]
+    for i, c in enumerate(result["configs"]):
+        rows = [r for r in result["summary"] if all(r[k] == c[k] for k in ("schedule", "width", "temperature"))]
+        seq = next(r for r in rows if r["batch_size"] is None)
+        rows = sorted((r for r in rows if r["batch_size"] is not None), key=lambda r: r["batch_size"])
+        x, color = [r["batch_size"] for r in rows], f"C{i}"
+        left.plot(x, [r["throughput"] for r in rows], "o-", color=color, label=_config_label(c))
+        left.axhline(seq["throughput"], color=color, ls="--", lw=1, label=f"{_config_label(c)}: sequential")
+        s = [r["speedup"] for r in rows]
+        right.errorbar(x, [v["point"] for v in s], yerr=[[v["point"] - v["lo"] for v in s],
+                                                         [v["hi"] - v["point"] for v in s]],
+                       fmt="o-", color=color, capsize=4, label=_config_label(c))
+    right.axhline(1, color="k", lw=0.8, ls="--")
+    for ax, ylabel in ((left, "aggregate throughput (tokens/s)"), (right, "speed-up over sequential (95% CI)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    meta = result["meta"]
+    fig.suptitle(f"{meta['n_prompts']} prompts, {meta['max_new_tokens']} new tokens, {meta['device']}"
+                 f"{' (CUDA graphs)' if meta['cuda_graph'] else ''}, {meta['rounds']} round(s)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -236,10 +236,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (default 0)")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                   help="run the batch study instead: generate_batch at these batch sizes against the same "
+                        "requests one after another (packed_ss/lab/bench/batch.py; its options: "
+                        "bench --batch-sizes 1 --help)")
     return p
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--batch-sizes", nargs="+")
+    if pre.parse_known_args(argv)[0].batch_sizes is not None:     # the batch study instead (batch.py)
+        from .batch import main as batch_main
+        return batch_main(argv)
     args = build_parser().parse_args(argv)
     apply_preset(args, FULL, QUICK)
     if "linear" not in args.schedules:

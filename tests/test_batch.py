@@ -4,7 +4,8 @@
    CUDA-graph loop's CPU stand-ins (poll one iteration late): ragged prompts, a request stopping on a stop
    token in the middle of its output, caps of 1 and 7 next to long ones, a prompt that nearly fills the
    engine's max_seq_len; all at once and in fewer slots than requests (continuous batching: a finished
-   request's slot takes the next one). Tokens and counts (NFE, verifications, accepted drafts) are equal.
+   request's slot takes the next one; once none waits, running requests move to the front slots and the
+   batch shrinks). Tokens and counts (NFE, verifications, accepted drafts) are equal.
 2. The drafting adapter rides along (batched calls apply it to the drafting rows of every request).
 3. At most one host read per iteration for the whole batch (tests/host_reads.py), plus one per request end.
 4. Bad input is refused with a ValueError naming the request, before anything runs.
@@ -62,6 +63,8 @@ def test_batch_equals_alone(request, model, schedule, epilogue, sampling, mode):
         got = engine.generate_batch(PROMPTS, max_new_tokens=CAPS, seed=seeds, stop_token_ids=[out[at]],
                                     batch_size=batch_size, **kwargs)
         assert_same(got, want)
+        if batch_size == len(PROMPTS):   # nothing waits: finished requests left the batch (slots compacted)
+            assert engine.runtime.slot_iterations < batch_size * engine.runtime.iterations
 
 
 def test_int_seed_and_repeated_prompts(model):

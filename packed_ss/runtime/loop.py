@@ -36,7 +36,7 @@ class Runtime:
         self.model, self.attend, self.mode, self.compile_backend = model, attend, mode, compile_backend
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         self.model_s = 0.0
-        self.iterations = 0                           # of the last decode (for benchmarks)
+        self.iterations = self.slot_iterations = 0   # of the last decode, and the sum of its batch sizes
         self._cache: KVCache | None = None
         self._compiled: dict[int, tuple] = {}         # id(step) -> (step, its compiled call)
         self._batches: dict[tuple, _Batch] = {}       # (id(program), slots) -> persistent batch (graph mode)
@@ -105,50 +105,71 @@ class Runtime:
         self.model_s = 0.0
         batch = self._batch(program, requests, min(slots, len(requests)))
         states, poll = batch.states, batch.poll
+        batch.size = len(states)
         waiting, results = deque(enumerate(requests)), [None] * len(requests)
         running: list[_Running | None] = [None] * len(states)
-        iterations, limit = 0, sum(r.max_new_tokens + poll.lag + 3 for r in requests)   # >= 1 token per live one
+        iterations, slot_iterations, limit = 0, 0, sum(r.max_new_tokens + poll.lag + 3 for r in requests)   # >= 1 token per live one
         caller_mode = torch.is_inference_mode_enabled()
         checked = SyncCheck() if SyncCheck.wanted(self.model.device) else contextlib.nullcontext()
         with torch.inference_mode():
             poll.reset(states, stream or self.mode == "graph")   # a graph captures one kind of table: streaming
             for b in range(len(states)):
                 running[b] = self._admit(batch, b, waiting, poll, entry=False)
-            poll.publish(states)
+            poll.publish(batch.live)
             poll.issue()
             while any(running):
                 with checked:
                     status = poll.read() if poll.due else None
-                    live = [r is not None and (status is None or status.seq < r.since or not status.done[b])
-                            for b, r in enumerate(running)]
-                    held = status is not None and any(h and not d for h, d in zip(status.hold, status.done))
+                    seen = [None if r is None or status is None else r.slot_at(status.seq) for r in running]
+                    live = [r is not None and (b is None or not status.done[b]) for r, b in zip(running, seen)]
+                    held = any(b is not None and status.hold[b] and not status.done[b] for b in seen)
                     if any(live) and not held:
                         iterations += 1
                         if iterations > limit:
                             raise RuntimeError("decoder made no progress; this is a bug")
+                        slot_iterations += batch.size
                         batch.iterate(first=iterations == 1)
                         poll.issue()
                 if status is None:
                     continue
-                for b, r in enumerate(running):
-                    if r is None or status.seq < r.since:
+                for slot, (r, b) in enumerate(zip(running, seen)):
+                    if b is None:                               # idle, or admitted after this table
                         continue
-                    if status.hold[b] and not status.done[b]:   # rare (any-order truncation)
+                    if status.hold[b] and not status.done[b]:   # rare (any-order truncation; batches of one)
                         while poll.in_flight:
                             poll.read()                         # iterations queued behind the hold were no-ops
-                        program.resume(states[b], lambda inp: self.forward(inp, batch.cache.request(b)))
-                        poll.publish(states)
+                        program.resume(states[slot], lambda inp: self.forward(inp, batch.cache.request(slot)))
+                        poll.publish(batch.live)
                         poll.issue()
                     if stream and status.tokens[b]:
                         with torch.inference_mode(caller_mode):   # the consumer runs in its own mode
                             yield r.index, status.tokens[b]
                     if status.done[b]:
-                        results[r.index] = self._finish(program, states[b], r, poll, len(states))
+                        results[r.index] = self._finish(program, states[slot], r, poll, len(states))
                         if on_finish is not None:
                             on_finish(r.index, results[r.index])
-                        running[b] = self._admit(batch, b, waiting, poll, entry=True)
-        self.iterations = iterations
+                        running[slot] = self._admit(batch, slot, waiting, poll, entry=True)
+                if not waiting:
+                    self._compact(batch, running, poll)
+        self.iterations, self.slot_iterations = iterations, slot_iterations
         return results
+
+    def _compact(self, batch: "_Batch", running: list, poll: Poll) -> None:
+        """Once nothing waits, finished requests' slots stop riding along: the running requests move to the
+        front slots (state and cache copied on the device, at most once per finished request) and the batch
+        shrinks to them (in graph mode to the next power of two, so few sizes are captured). A table already
+        in flight is read with each request's slot at the time it was issued."""
+        live = [b for b in range(batch.size) if running[b] is not None]
+        size = len(live) if self.mode != "graph" else 1 << max(0, len(live) - 1).bit_length()
+        if not live or size >= batch.size:
+            return
+        for slot, b in enumerate(live):
+            if slot != b:
+                batch.move(b, slot)
+                poll.move(b, slot)
+                running[slot], running[b] = running[b], None
+                running[slot].slots.append((poll.issued, slot))
+        batch.size = size
 
     def _admit(self, batch: "_Batch", b: int, waiting: deque, poll: Poll, entry: bool) -> "_Running | None":
         """The next waiting request into slot `b`: fresh state, its prefill alone, and (when it joins a batch
@@ -167,7 +188,7 @@ class Runtime:
         if entry:
             for step in batch.program.steps[getattr(batch.program, "entry", 0):]:
                 self._timed(step, st, cache)
-        return _Running(index, request, poll.issued, began, model_s)
+        return _Running(index, request, (poll.issued, b), began, model_s)
 
     def _finish(self, program, st, r: "_Running", poll: Poll, slots: int) -> GenerateResult:
         """A finished request's counts and output, read in one fetch (plus the program's extras)."""
@@ -196,10 +217,19 @@ class Runtime:
 
 
 class _Running:
-    """A request in a slot: its index, when it was admitted (the first poll seq that shows it), its clocks."""
+    """A request in a slot: its index, its slots (each from the first poll table that shows it there), its
+    clocks."""
 
-    def __init__(self, index: int, request: Request, since: int, began: float, model_s: float):
-        self.index, self.request, self.since, self.began, self.model_s = index, request, since, began, model_s
+    def __init__(self, index: int, request: Request, slot: tuple[int, int], began: float, model_s: float):
+        self.index, self.request, self.slots, self.began, self.model_s = index, request, [slot], began, model_s
+
+    def slot_at(self, seq: int) -> int | None:
+        """Its row in the table published `seq`-th, None if it was not yet admitted then."""
+        at = None
+        for since, slot in self.slots:
+            if since <= seq:
+                at = slot
+        return at
 
 
 class _Shape:
@@ -229,27 +259,46 @@ class _Batch:
     for every slot, then the publish) as one call."""
 
     def __init__(self, runtime: Runtime, program, slots: int, shape: _Shape, cache: KVCache):
-        self.program, self.shape, self.cache = program, shape, cache
+        self.runtime, self.program, self.shape, self.cache = runtime, program, shape, cache
         empty = Request([], shape.max_new, 0, [], [])
         self.states = [program.new_state(empty, **shape.kwargs())]
         shape.out_len = self.states[0].out.numel()   # the program's padding
         self.states += [program.new_state(empty, **shape.kwargs()) for _ in range(slots - 1)]
         self.poll = Poll(runtime.model.device, program.block, slots)
-        call_cache = cache.request(0) if slots == 1 else cache
-        runners = [runtime._runner(step, self.states, call_cache) for step in program.steps]
+        self.size = slots                            # the first `size` slots take part in the calls
+        self._iterations: dict[int, tuple[Callable[[], None], Callable[[], None]]] = {}
+
+    @property
+    def live(self) -> list:
+        return self.states[:self.size]
+
+    def _build(self, size: int):
+        """(first, full) iterations over the first `size` slots: every step, then the publish."""
+        runtime, states = self.runtime, self.states[:size]
+        cache = self.cache.request(0) if size == 1 else KVCache(self.cache.k[:, :size], self.cache.v[:, :size])
+        runners = [runtime._runner(step, states, cache) for step in self.program.steps]
 
         def iteration(runs) -> Callable[[], None]:
             def run_all() -> None:
                 for run in runs:
                     run()
-                self.poll.publish(self.states, stream=runtime.mode == "graph" or None)
+                self.poll.publish(states, stream=runtime.mode == "graph" or None)
             return CapturedIteration(run_all) if runtime.mode == "graph" else run_all
 
-        self.full = iteration(runners)
-        entry = getattr(program, "entry", 0)
-        self.first = self.full if entry == 0 else iteration(runners[entry:])
+        full = iteration(runners)
+        entry = getattr(self.program, "entry", 0)
+        return (full if entry == 0 else iteration(runners[entry:])), full
 
     def iterate(self, first: bool) -> None:
         """One iteration; the batch's first starts at the program's `entry` step (Linear-SS: its prefills
         drafted already, so the first iteration only verifies, and no draft call follows the last one)."""
-        (self.first if first else self.full)()
+        if self.size not in self._iterations:
+            self._iterations[self.size] = self._build(self.size)
+        self._iterations[self.size][0 if first else 1]()
+
+    def move(self, src: int, dst: int) -> None:
+        """The request in slot `src` continues in slot `dst` (device copies); `src` is left done."""
+        self.states[dst].copy_(self.states[src])
+        self.cache.k[:, dst].copy_(self.cache.k[:, src])
+        self.cache.v[:, dst].copy_(self.cache.v[:, src])
+        self.states[src].done.fill_(True)

@@ -48,14 +48,12 @@ class Poll:
                      if self.copied else [row] for kind, row in self.rows.items()}
         self.events = [torch.cuda.Event() for _ in range(self.lag + 1)] if self.cuda else None
         self.stream = False
-        self.flags: list[torch.Tensor] = []
         self.in_flight: deque[tuple[int, int]] = deque()   # (host buffer, seq)
         self.issued = 0
 
     def reset(self, states: list, stream: bool) -> None:
         """New requests (streamed or not) on `states`: outputs start empty, nothing is in flight."""
         self.stream = stream
-        self.flags = [f for st in states for f in (st.done, getattr(st, "hold", self.no_hold))]
         self.direct = not self.copied and len(states) == 1 and not hasattr(states[0], "hold")
         if not self.copied:   # read in place: a lone state without `hold` is read straight from its done flag
             self.host[False] = [states[0].done.view(1, 1) if self.direct else self.rows[False]]
@@ -67,11 +65,17 @@ class Poll:
         """A new request in `slot`: its output starts empty (device side)."""
         self.start[slot].zero_()
 
+    def move(self, src: int, dst: int) -> None:
+        """The request in slot `src` continues in slot `dst` (device side)."""
+        self.start[dst].copy_(self.start[src])
+
     def publish(self, states: list, stream: bool | None = None) -> None:
-        """Device side (capturable): write this iteration's status table."""
+        """Device side (capturable): write this iteration's status table (rows of slots past `states` are
+        left as they are: nobody reads them)."""
         if not (self.stream if stream is None else stream):
             if not self.direct:
-                torch.stack(self.flags, out=self.rows[False].view(-1))
+                flags = [f for st in states for f in (st.done, getattr(st, "hold", self.no_hold))]
+                torch.stack(flags, out=self.rows[False][:len(states)].view(-1))
             return
         rows = self.rows[True]
         for b, st in enumerate(states):

@@ -59,6 +59,7 @@ class BatchRecord:
     tokens: int
     nfe: int
     iterations: int              # batch iterations of the loop(s), prefills excluded
+    slot_iterations: int         # their batch sizes summed (finished requests' slots leave the batch at the end)
     n_verify: int
     n_accepted: int
     model_s: float | None        # eager loop only (the runtime's model-call time, prefills included)
@@ -78,18 +79,20 @@ def decode(engine: Engine, prompts: list[list[int]], batch_size: int | None, see
     """Every request once, sequentially (batch_size None) or batched: (per-request results, stats)."""
     sync = torch.cuda.synchronize if engine.model.device.type == "cuda" else (lambda: None)
     sync()
-    start, iterations, model_s = time.perf_counter(), 0, 0.0
+    start, iterations, slot_iterations, model_s = time.perf_counter(), 0, 0, 0.0
     if batch_size is None:
         results = []
         for ids, seed in zip(prompts, seeds):
             results.append(engine.generate(ids, seed=seed, **kw))
             iterations, model_s = iterations + engine.runtime.iterations, model_s + engine.runtime.model_s
+        slot_iterations = iterations
     else:
         results = engine.generate_batch(prompts, batch_size=batch_size, seed=seeds, **kw)
-        iterations, model_s = engine.runtime.iterations, engine.runtime.model_s
+        iterations, slot_iterations = engine.runtime.iterations, engine.runtime.slot_iterations
+        model_s = engine.runtime.model_s
     wall = time.perf_counter() - start
     stats = dict(wall_s=wall, tokens=sum(len(r.tokens) for r in results), nfe=sum(r.nfe for r in results),
-                 iterations=iterations, n_verify=sum(r.n_verify for r in results),
+                 iterations=iterations, slot_iterations=slot_iterations, n_verify=sum(r.n_verify for r in results),
                  n_accepted=sum(r.n_accepted for r in results),
                  model_s=model_s if engine.runtime.mode == "eager" else None)
     return results, stats
@@ -192,7 +195,7 @@ def analyse(records: list[BatchRecord], configs: list[dict], args, n_prompts: in
         mine = [summarise(c, b, runs[b], runs[None], n_prompts, counts) for b in runs]
         timed = [r for r in mine if r["model_ms_per_iter"] is not None]
         if len({r["batch_size"] or 1 for r in timed}) >= 2:
-            x = [(r["batch_size"] or 1) * c["rows_per_request"] for r in timed]
+            x = [r["slots_per_iter"] * c["rows_per_request"] for r in timed]
             per_row, fixed = np.polyfit(x, [r["model_ms_per_iter"] for r in timed], 1)
             c["model_ms_fit"] = {"fixed_ms": float(fixed), "per_row_ms": float(per_row)}
         rows += mine
@@ -217,7 +220,8 @@ def summarise(c: dict, b: int | None, runs: list[BatchRecord], seq: list[BatchRe
                nonmodel_ms_per_iter=None if model is None else 1e3 * (wall - alone - model) / iters,
                tokens_per_nfe=tokens / sum(r.nfe for r in runs), tokens_per_iter=tokens / iters,
                mean_accepted=_ratio(sum(r.n_accepted for r in runs), sum(r.n_verify for r in runs)),
-               occupancy=(sum(r.iterations for r in seq) - joins) / ((b or 1) * iters),
+               slots_per_iter=sum(r.slot_iterations for r in runs) / iters,
+               occupancy=(sum(r.iterations for r in seq) - joins) / sum(r.slot_iterations for r in runs),
                round_speedups=[r.tokens / r.wall_s / (s.tokens / s.wall_s) for r, s in zip(runs, seq)],
                same_as_sequential=None if b is None else sum(bool(r.same_as_sequential) for r in runs))
     if b is not None:

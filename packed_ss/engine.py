@@ -192,6 +192,36 @@ class Engine:
         their calls' layouts follow each request's own window. `progress`: a progress bar of finished
         requests (stderr). Everything is checked before anything runs; an error names the request's index.
         """
+        requests, params = self._requests(prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
+                                          stop_token_ids, stop_sequences)
+        if self.any_order and batch_size not in (None, 1):
+            raise ValueError(f"batch_size must be 1 for an any-order model (each request's calls follow its own "
+                             f"window), got {batch_size!r}")
+        n = len(requests)
+        batch_size = min(n, 1 if self.any_order else MAX_BATCH) if batch_size is None else batch_size
+        _check_int("batch_size", batch_size, 1, MAX_BATCH)
+        with tqdm(total=n, desc="requests", unit="req", disable=not progress, file=sys.stderr) as bar:
+            return self._drain(self.runtime.decode(self.program(params), requests, batch_size,
+                                                   on_finish=lambda i, result: bar.update()))
+
+    def stream_batch(self, prompts, max_new_tokens: int | list[int] = 64, temperature: float = 0.0,
+                     top_k: int | None = None, top_p: float | None = None, seed: int | list[int] | None = None,
+                     eos_token_id: int | list[int] | None = None, stop_token_ids: list[int] | None = None,
+                     stop_sequences: list[list[int]] | None = None) -> Iterator[tuple[int, list[int]]]:
+        """Like `generate_batch` with every request in its own slot (at most MAX_BATCH; one for an any-order
+        model): yields (request index, newly accepted tokens) as the decoder produces them, the generator's
+        return value being the GenerateResults in order. Arguments are checked here, before anything runs."""
+        requests, params = self._requests(prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
+                                          stop_token_ids, stop_sequences)
+        limit = 1 if self.any_order else MAX_BATCH
+        if len(requests) > limit:
+            raise ValueError(f"stream_batch decodes every prompt in its own slot: at most {limit} prompts, got "
+                             f"{len(requests)}")
+        return self.runtime.decode(self.program(params), requests, len(requests), stream=True)
+
+    def _requests(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, stop_token_ids,
+                  stop_sequences) -> tuple[list[Request], SamplingParams]:
+        """A batch's validated requests (per-request caps and seeds; an error names the request's index)."""
         prompts = list(prompts)
         if not prompts:
             raise ValueError("prompts must contain at least one prompt")
@@ -210,14 +240,7 @@ class Engine:
             except ValueError as err:
                 raise ValueError(f"request {i}: {err}") from None
             requests.append(request)
-        if self.any_order and batch_size not in (None, 1):
-            raise ValueError(f"batch_size must be 1 for an any-order model (each request's calls follow its own "
-                             f"window), got {batch_size!r}")
-        batch_size = min(n, 1 if self.any_order else MAX_BATCH) if batch_size is None else batch_size
-        _check_int("batch_size", batch_size, 1, MAX_BATCH)
-        with tqdm(total=n, desc="requests", unit="req", disable=not progress, file=sys.stderr) as bar:
-            return self._drain(self.runtime.decode(self.program(params), requests, batch_size,
-                                                   on_finish=lambda i, result: bar.update()))
+        return requests, params
 
     @staticmethod
     def _tokens_of_one(decoding) -> Iterator[list[int]]:

@@ -160,3 +160,27 @@ def test_cli_generates_a_prompts_file_in_batches(tmp_path):
     assert "3 requests" in proc.stderr
     file.write_text('{"prompt": "x"}\n["not an object"]\n')
     assert main(["generate", "--prompts-file", str(file)]) == 2
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_stream_batch_yields_each_requests_tokens(request, model, mode):
+    """stream_batch: (index, tokens) as iterations add them; per request, in order, they make up exactly
+    its generate_batch output, also while finished requests leave the batch and the others move slots."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3, max_seq_len=MAX_SEQ_LEN)
+    kwargs = dict(max_new_tokens=CAPS, seed=5, temperature=1.0, eos_token_id=[])
+    want = engine.generate_batch(PROMPTS, **kwargs)
+    if mode == "graph":
+        request.getfixturevalue("eager_graphs")
+        engine.runtime.mode = "graph"
+    decoding, streamed = engine.stream_batch(PROMPTS, **kwargs), [[] for _ in PROMPTS]
+    while True:
+        try:
+            index, tokens = next(decoding)
+        except StopIteration as end:
+            results = end.value
+            break
+        assert tokens
+        streamed[index] += tokens
+    assert streamed == [w.tokens for w in want] == [r.tokens for r in results]
+    with pytest.raises(ValueError, match="request 1: max_new_tokens"):
+        engine.stream_batch(PROMPTS[:2], max_new_tokens=[3, 0])

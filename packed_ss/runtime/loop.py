@@ -203,10 +203,12 @@ class Runtime:
 
     def _batch(self, program, requests: list[Request], slots: int) -> "_Batch":
         """States, cache and poll for `slots` requests at a time. Eager and compiled loops size them to these
-        requests; the graph loop keeps one persistent batch per (program, slots), sized for any request."""
+        requests; the graph loop keeps one persistent batch per (program, slots padded to a power of two: few
+        sizes are captured, the padding slots idle), sized for any request."""
         if self.mode != "graph":
             capacity = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
             return _Batch(self, program, slots, _Shape.for_requests(requests, None), self.cache_for(capacity, slots))
+        slots = 1 << (slots - 1).bit_length()
         key = (id(program), slots)
         batch = self._batches.get(key)
         if batch is None or not all(batch.shape.fits(r) for r in requests):

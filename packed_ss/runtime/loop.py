@@ -172,8 +172,10 @@ class Runtime:
         batch.size = size
 
     def _admit(self, batch: "_Batch", b: int, waiting: deque, poll: Poll, entry: bool) -> "_Running | None":
-        """The next waiting request into slot `b`: fresh state, its prefill alone, and (when it joins a batch
-        already running) its first iteration alone from the program's `entry` step. None when none waits."""
+        """The next waiting request into slot `b`: fresh state and its prefill alone. A program whose first
+        iteration starts later than its others (`entry`, Linear-SS) runs that iteration alone too when the
+        request joins a batch already running; any other joins the batch's next iteration. None when none
+        waits."""
         st = batch.states[b]
         if not waiting:
             st.done.fill_(True)   # an idle slot: its rows ride along, changing nothing
@@ -185,8 +187,9 @@ class Runtime:
         cache = batch.cache.request(b)
         prompt = torch.tensor(request.prompt, dtype=torch.int64, device=self.model.device)
         self._timed(batch.program.prefill(prompt), st, cache)
-        if entry:
-            for step in batch.program.steps[getattr(batch.program, "entry", 0):]:
+        first = getattr(batch.program, "entry", 0)
+        if entry and first:
+            for step in batch.program.steps[first:]:
                 self._timed(step, st, cache)
         return _Running(index, request, (poll.issued, b), began, model_s)
 

@@ -122,7 +122,8 @@ def study(engine: Engine, w: int | str, t: float, prompts: list[list[int]], args
     layouts = call_layouts(engine.program(SamplingParams()))
     config = {"schedule": engine.schedule_name, "width": w, "engine_width": engine.width, "temperature": t,
               "epilogue": engine.epilogue, "mode": engine.runtime.mode, "calls_per_iter": len(layouts),
-              "rows_per_request": sum(lay.rows for lay in layouts), "prefill": probe_prefill(engine, prompts, t)}
+              "rows_per_request": sum(lay.rows for lay in layouts), "prefill": probe_prefill(engine, prompts, t),
+              "joins_alone": bool(getattr(engine.program(SamplingParams()), "entry", 0))}
     records, failures = [], []
     for r in range(args.rounds):
         outputs, group = {}, []
@@ -211,7 +212,8 @@ def summarise(c: dict, b: int | None, runs: list[BatchRecord], seq: list[BatchRe
     n, tokens, wall, iters = len(runs), sum(r.tokens for r in runs), sum(r.wall_s for r in runs), \
         sum(r.iterations for r in runs)
     alone = n * c["prefill"]["wall_s"]                  # the probe: what every request runs alone
-    joins = n * (n_prompts - b) if b else 0             # a joiner's first iteration runs alone, uncounted
+    # A joiner's first iteration runs alone, uncounted, where the program has an entry step (Linear-SS).
+    joins = n * (n_prompts - b) if b and c["joins_alone"] else 0
     model = None if runs[0].model_s is None else sum(r.model_s for r in runs) - n * c["prefill"]["model_s"]
     row = {k: c[k] for k in ("schedule", "width", "engine_width", "temperature")}
     row.update(batch_size=b, runs=n, tokens=tokens / n, wall_s=wall / n, throughput=tokens / wall,

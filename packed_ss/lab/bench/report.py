@@ -219,8 +219,9 @@ def batch_markdown(result: dict) -> str:
             "not from the wall); decode ms/iter: the same without the prefill probe's time; model / non-model "
             "ms/iter: that decode time split by the runtime's model-call clock (eager loop only); occupancy: the "
             "share of slot-iterations that decoded a request, (sequential iterations - joins) / (the batch sizes "
-            "summed over iterations: once nothing waits, finished requests leave the batch), where each of the N - b requests that joins a running batch runs its first iteration "
-            "alone (in the wall, not in the iteration count); "
+            "summed over iterations: once nothing waits, finished requests leave the batch), where for Linear-SS "
+            "each of the N - b requests that joins a running batch runs its first iteration alone (in the wall, "
+            "not in the iteration count); "
             "prefill %: the probe's share of the wall; = sequential: rounds whose outputs all equal the baseline's."]
     return "\n".join(out) + "\n"
 

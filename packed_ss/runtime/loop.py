@@ -114,7 +114,7 @@ class Runtime:
         with torch.inference_mode():
             poll.reset(states, stream or self.mode == "graph")   # a graph captures one kind of table: streaming
             for b in range(len(states)):
-                running[b] = self._admit(batch, b, waiting, poll, entry=False)
+                running[b] = self._admit(batch, b, waiting, poll, joining=False)
             poll.publish(batch.live)
             poll.issue()
             while any(running):
@@ -148,7 +148,7 @@ class Runtime:
                         results[r.index] = self._finish(program, states[slot], r, poll, len(states))
                         if on_finish is not None:
                             on_finish(r.index, results[r.index])
-                        running[slot] = self._admit(batch, slot, waiting, poll, entry=True)
+                        running[slot] = self._admit(batch, slot, waiting, poll, joining=True)
                 if not waiting:
                     self._compact(batch, running, poll)
         self.iterations, self.slot_iterations = iterations, slot_iterations
@@ -171,7 +171,7 @@ class Runtime:
                 running[slot].slots.append((poll.issued, slot))
         batch.size = size
 
-    def _admit(self, batch: "_Batch", b: int, waiting: deque, poll: Poll, entry: bool) -> "_Running | None":
+    def _admit(self, batch: "_Batch", b: int, waiting: deque, poll: Poll, joining: bool) -> "_Running | None":
         """The next waiting request into slot `b`: fresh state and its prefill alone. A program whose first
         iteration starts later than its others (`entry`, Linear-SS) runs that iteration alone too when the
         request joins a batch already running; any other joins the batch's next iteration. None when none
@@ -187,9 +187,9 @@ class Runtime:
         cache = batch.cache.request(b)
         prompt = torch.tensor(request.prompt, dtype=torch.int64, device=self.model.device)
         self._timed(batch.program.prefill(prompt), st, cache)
-        first = getattr(batch.program, "entry", 0)
-        if entry and first:
-            for step in batch.program.steps[first:]:
+        entry = getattr(batch.program, "entry", 0)
+        if joining and entry:
+            for step in batch.program.steps[entry:]:
                 self._timed(step, st, cache)
         return _Running(index, request, (poll.issued, b), began, model_s)
 

@@ -47,7 +47,7 @@ class Poll:
         self.host = {kind: [torch.zeros(row.shape, dtype=row.dtype, pin_memory=self.cuda) for _ in range(self.lag + 1)]
                      if self.copied else [row] for kind, row in self.rows.items()}
         self.events = [torch.cuda.Event() for _ in range(self.lag + 1)] if self.cuda else None
-        self.stream = False
+        self.stream = self.direct = False
         self.in_flight: deque[tuple[int, int]] = deque()   # (host buffer, seq)
         self.issued = 0
 

@@ -17,7 +17,6 @@ Writes DIR/bench.json (every per-response record) and DIR/bench.md (the table, a
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -33,7 +32,7 @@ from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
 from .options import add_shared_args, apply_preset, width
-from .report import any_order_markdown
+from .report import any_order_markdown, write_results
 from .stats import bootstrap_counts, paired, per_prompt
 
 FULL = dict(limit=40, max_new_tokens=128)
@@ -158,9 +157,5 @@ def main(argv=None) -> int:
     if args.limit < 1 or args.max_new_tokens < 1:
         raise SystemExit("--limit and --max-new-tokens must be >= 1")
     result = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = any_order_markdown(result)
-    (args.out / "bench.md").write_text(md)
-    print(md)
+    write_results(args.out, "bench", result, any_order_markdown(result))
     return 0

@@ -15,7 +15,6 @@ DIR/batch.md (also printed) and DIR/batch.png (report.py) when matplotlib is imp
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -36,7 +35,7 @@ from ...runtime.program import call_layouts
 from ..humaneval import tokenized_prompts
 from ..progress import progress
 from .options import add_shared_args, apply_preset, width
-from .report import batch_markdown, plot_batch
+from .report import batch_markdown, plot_batch, write_results
 from .schedules import _cpu_name
 from .stats import bootstrap_counts, paired
 
@@ -268,11 +267,7 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "batch.json").write_text(json.dumps(result, indent=1))
-    text = batch_markdown(result)
-    (args.out / "batch.md").write_text(text)
-    print(text)
+    write_results(args.out, "batch", result, batch_markdown(result))
     try:
         plot_batch(result, args.out / "batch.png")
         written = "batch.json, batch.md, batch.png"

@@ -2,11 +2,20 @@
 benchmark's latency and ratio plots and the batch study's plot (each JSON is the result dictionary itself)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
 from ...decode.schedules import SCHEDULES
+
+
+def write_results(out: Path, stem: str, result: dict, markdown: str) -> None:
+    """OUT/<stem>.json (every record) and OUT/<stem>.md (the tables, also printed): what every benchmark writes."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown)
+    print(markdown)
 
 
 def _pyplot():

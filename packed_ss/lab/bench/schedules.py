@@ -22,7 +22,6 @@ DIR/latency.png and DIR/ratios.png (report.py).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -41,7 +40,7 @@ from ..progress import progress
 from .latency import engine_capacity, measure_latency
 from .methods import HF, CallTimer, Ours, load_hf
 from .options import add_shared_args, apply_preset, width
-from .report import plot_latency, plot_ratios, schedules_markdown
+from .report import plot_latency, plot_ratios, schedules_markdown, write_results
 from .stats import bootstrap_counts, paired, per_prompt
 
 PEERS = ("hf", "hf-lookup")
@@ -260,12 +259,8 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.json").write_text(json.dumps(result, indent=1))
-    text = schedules_markdown(result)
-    (args.out / "bench.md").write_text(text)
+    write_results(args.out, "bench", result, schedules_markdown(result))
     plot_latency(result["latency"], args.out / "latency.png")
     plot_ratios(result, args.out / "ratios.png")
-    print(text)
     print(f"wrote {args.out}/bench.json, bench.md, latency.png, ratios.png", file=sys.stderr)
     return 0

@@ -1,10 +1,12 @@
 """Engine: validate a request, choose the program (schedule, epilogue), and hand it to the runtime."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
 import warnings
+from functools import partial
 from typing import Iterator
 
 import torch
@@ -19,11 +21,12 @@ from .model.attention import attention_backend
 from .model.dual_mode import DualModeModel
 from .runtime import GenerateResult, Request, Runtime
 from .runtime.program import call_layouts
-from .width import PROFILE_KIND, call_cost, choose_width
+from .width import PROFILE_KIND, call_cost, choose_width, step_overhead
 
 MAX_WIDTH = 64
 MAX_BATCH = 256
 DEFAULT_WIDTH = 8
+PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for width="auto"
 
 
 def _check_int(name, value, low, high=None):
@@ -119,7 +122,22 @@ class Engine:
         counts = sorted({r for calls in rows.values() for r in calls})
         cost = call_cost(self.model, self.runtime.attend, self.backend,
                          [counts[0], counts[len(counts) // 2], counts[-1]])
+        if self.runtime.mode == "eager":    # compiled and captured steps hold their non-model work inside
+            probe = widths[0]
+            overhead = step_overhead(self._probe_key(), partial(self._probe, probe),
+                                     cost.iteration_ms(rows[probe]) / len(rows[probe]))
+            cost = dataclasses.replace(cost, tau_ms=cost.tau_ms + overhead)
         return choose_width(profile[kind][:len(widths)], rows.__getitem__, cost)
+
+    def _probe_key(self) -> tuple:
+        return (id(self.model), str(self.model.device), self.schedule_name, self.order, self.epilogue, self.backend)
+
+    def _probe(self, width: int, new_tokens: int) -> GenerateResult:
+        """One greedy request of `new_tokens` (no stop token) at `width`, for timing the step."""
+        mask = self.model.cfg.mask_token_id
+        prompt = [t for t in range(2, 2 + PROBE_PROMPT + 1) if t != mask][:PROBE_PROMPT]
+        request, params = self._request(prompt, new_tokens, 0.0, None, None, None, [], None, None)
+        return self._drain(self.runtime.decode(self._build(width, params, self.epilogue), [request]))[0]
 
     @staticmethod
     def _pick_epilogue(epilogue: str | None, compiled: bool, device) -> str:

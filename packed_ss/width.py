@@ -7,7 +7,9 @@ Two measurements meet here:
   from the current prefix ("fresh": Linear-SS, Quadratic-SS) and once for the previous call's proposals
   ("lagged": Packed-SS);
 - the per-call latency tau + delta * rows, fitted once per (model, device, dtype, attention backend) and
-  process from a few timed calls at the row counts the candidate widths use.
+  process from a few timed calls at the row counts the candidate widths use; in eager mode tau also holds
+  what each call of the decode step spends beyond the model (inputs, epilogue, poll: step_overhead), which
+  on a CPU is as large as the model call's own fixed cost and favours wider calls.
 An iteration of schedule s at width W costs sum over its calls (tau + delta * rows); W = argmax of
 tokens(W) / cost(W) over 1..min(Wp, block_size - 1), the smallest on a tie. Without a profile (or for the
 AR and native schedules) the width is the fixed default. The choice is made once per engine, so a step has
@@ -30,7 +32,7 @@ PROFILE_FILE = "draft_profile.json"
 PROFILE_KIND = {"packed": "lagged", "linear": "fresh", "quadratic": "fresh"}
 CACHED_TOKENS = 256
 REPS = 5
-
+PROBE_TOKENS = (8, 40)     # new tokens of the short and the long decode step_overhead compares
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class CallCost:
 
 
 _costs: dict[tuple, CallCost] = {}     # per process: (model, device, dtype, backend, row counts) -> fit
+_overheads: dict[tuple, float] = {}    # per process: (model, schedule, epilogue, ...) -> ms per call
 
 
 def read_profile(directory: str | Path) -> dict | None:
@@ -99,3 +102,15 @@ def call_cost(model, attend, backend: str, rows: list[int]) -> CallCost:
         cost = CallCost(max(fit.intercept, 1e-6), max(fit.slope, 0.0))
     _costs[key] = cost
     return cost
+
+
+def step_overhead(key: tuple, decode: Callable[[int], object], model_ms_per_call: float) -> float:
+    """Milliseconds each call of a decode step spends beyond its model call (`model_ms_per_call`, from the fit):
+    building inputs, the epilogue, the poll. `decode(n)` runs one greedy request of n new tokens and returns
+    its GenerateResult; the wall time per call between a short and a long one (the prefill cancels), the
+    faster of two runs each, less the model's share. Measured once per process for each `key`."""
+    if key not in _overheads:
+        short, long = (min((decode(n) for _ in range(2)), key=lambda r: r.wall_s) for n in PROBE_TOKENS)
+        per_call_ms = 1e3 * (long.wall_s - short.wall_s) / max(long.nfe - short.nfe, 1)
+        _overheads[key] = max(per_call_ms - model_ms_per_call, 0.0)
+    return _overheads[key]

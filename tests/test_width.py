@@ -8,7 +8,7 @@ from tiny_models import checkpoint
 
 import packed_ss
 import packed_ss.engine
-from packed_ss.width import PROFILE_FILE, CallCost, call_cost, choose_width, read_profile
+from packed_ss.width import PROFILE_FILE, CallCost, call_cost, choose_width, read_profile, step_overhead
 
 PROFILE = {"width": 6, "lagged": [1.0, 1.5, 2.0, 2.4, 2.6, 2.7], "fresh": [1.8, 2.5, 3.0, 3.3, 3.4, 3.45]}
 
@@ -38,6 +38,7 @@ def test_engine_reports_the_auto_width(model, monkeypatch):
         seen.append(rows)
         return CallCost(5.0, 0.5)
     monkeypatch.setattr(packed_ss.engine, "call_cost", cost)
+    monkeypatch.setattr(packed_ss.engine, "step_overhead", lambda *a: 0.0)
     model.draft_profile = PROFILE
     assert packed_ss.Engine(model, "packed").width == 4
     assert packed_ss.Engine(model, "packed", width="auto").width == 4
@@ -50,8 +51,44 @@ def test_engine_reports_the_auto_width(model, monkeypatch):
     assert packed_ss.Engine(model, "packed").width == packed_ss.engine.DEFAULT_WIDTH
 
 
+def test_step_overhead_favours_wider_calls(model, monkeypatch):
+    # tau 5, delta 0.5 picks W = 4 (above); 6 ms more per call: W=4 16 ms for 2.4 tokens (0.150/ms), W=5 17 ms
+    # for 2.6 (0.153), W=6 18 ms for 2.7 (0.150)
+    monkeypatch.setattr(packed_ss.engine, "call_cost", lambda *a: CallCost(5.0, 0.5))
+    probed = []
+
+    def overhead(key, decode, model_ms):
+        probed.append((decode(3), model_ms))
+        return 6.0
+    monkeypatch.setattr(packed_ss.engine, "step_overhead", overhead)
+    model.draft_profile = PROFILE
+    assert packed_ss.Engine(model, "packed").width == 5
+    (result, model_ms), = probed
+    assert len(result.tokens) == 3 and model_ms == 5.0 + 0.5 * 4     # probed at W = 1: one call of 4 rows
+    monkeypatch.setattr(packed_ss.engine, "step_overhead", lambda *a: pytest.fail("probed without a profile"))
+    model.draft_profile = None
+    assert packed_ss.Engine(model, "packed").width == packed_ss.engine.DEFAULT_WIDTH
+
+
+def test_step_overhead_arithmetic():
+    runs = {8: [(0.012, 10), (0.010, 10)], 40: [(0.050, 42), (0.060, 42)]}
+    calls = []
+
+    def decode(n):
+        calls.append(n)
+        wall_s, nfe = runs[n][calls.count(n) - 1]
+        return packed_ss.GenerateResult(tokens=[0] * n, nfe=nfe, wall_s=wall_s, model_s=0.0)
+    # the faster run of each: (0.050 - 0.010) s over 32 calls = 1.25 ms per call, 1.0 of it the model's
+    assert step_overhead(("test", 1), decode, 1.0) == pytest.approx(0.25)
+    assert calls == [8, 8, 40, 40]
+    assert step_overhead(("test", 1), decode, 1.0) == pytest.approx(0.25) and len(calls) == 4    # measured once
+    calls.clear()
+    assert step_overhead(("test", 2), decode, 2.0) == 0.0          # a fit above the measurement: never below zero
+
+
 def test_auto_width_respects_block_size(tmp_path, monkeypatch):
     monkeypatch.setattr(packed_ss.engine, "call_cost", lambda *a: CallCost(5.0, 0.001))
+    monkeypatch.setattr(packed_ss.engine, "step_overhead", lambda *a: 0.0)
     model = packed_ss.load_model(checkpoint("llama-gqa"))
     model.draft_profile = PROFILE
     model.cfg = dataclasses.replace(model.cfg, block_size=4)

@@ -2,10 +2,12 @@
 `python -m packed_ss bench ...` runs the schedule benchmark (packed_ss/lab/bench/schedules.py) and
 `python -m packed_ss bench-any-order ...` the any-order one (packed_ss/lab/bench/any_order.py);
 `python -m packed_ss convert setdlm SRC DST` rewrites a SetDLM checkpoint as a safetensors directory;
-`python -m packed_ss train-drafter MODEL --out DIR` trains a drafting adapter (packed_ss/lab/drafter/)."""
+`python -m packed_ss train-drafter MODEL --out DIR` trains a drafting adapter and `profile-drafter MODEL`
+measures a drafter's acceptance profile (packed_ss/lab/drafter/)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -21,6 +23,12 @@ from .model.loading import DTYPES, default_model_path, load_model
 from .model.setdlm import convert
 from .model.tokenizer import load_tokenizer
 
+FORWARDED = {    # the lab's commands: name -> (module under packed_ss, help)
+    "bench": ("lab.bench.schedules", "benchmark the schedules (throughput, intervals, peers)"),
+    "bench-any-order": ("lab.bench.any_order", "benchmark the any-order schedules and the native decoder"),
+    "train-drafter": ("lab.drafter.train", "train a drafting LoRA by self-distillation"),
+    "profile-drafter": ("lab.drafter.measure", "measure a drafter's acceptance profile for width='auto'"),
+}
 
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -85,17 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=_positive_int, default=1,
                      help="CPU threads for torch (default 1: fastest for small models, whose calls are "
                           "overhead-bound)")
-    sub.add_parser(
-        "bench-any-order", add_help=False,
-        help="benchmark the any-order schedules and the native decoder (see bench-any-order --help)",
-        description="Forwards every argument to the any-order benchmark (packed_ss/lab/bench/any_order.py).")
-    sub.add_parser(
-        "bench", add_help=False, help="benchmark the schedules (throughput, intervals, peers; see bench --help)",
-        description="Forwards every argument to the benchmark (packed_ss/lab/bench/schedules.py).")
-    sub.add_parser(
-        "train-drafter", add_help=False,
-        help="train a drafting LoRA by self-distillation (see train-drafter --help)",
-        description="Forwards every argument to the drafter trainer (packed_ss/lab/drafter/train.py).")
+    for name, (module, help_) in FORWARDED.items():
+        sub.add_parser(name, add_help=False, help=f"{help_} (see {name} --help)",
+                       description=f"Forwards every argument to packed_ss/{module.replace('.', '/')}.py.")
     conv = sub.add_parser(
         "convert", help="rewrite a checkpoint as a safetensors directory that loads fast (convert setdlm --help)",
         description="Rewrite a checkpoint in another project's layout as an HF-style safetensors directory.")
@@ -221,15 +221,9 @@ def model_path(name: str | None) -> Path:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:      # the benchmarks parse their own options
-        from .lab.bench.schedules import main as bench_main
-        return bench_main(argv[1:])
-    if argv[:1] == ["bench-any-order"]:
-        from .lab.bench.any_order import main as bench_any_order_main
-        return bench_any_order_main(argv[1:])
-    if argv[:1] == ["train-drafter"]:
-        from .lab.drafter.train import main as train_drafter_main
-        return train_drafter_main(argv[1:])
+    if argv[:1] and argv[0] in FORWARDED:      # the lab's commands parse their own options
+        module = importlib.import_module(f".{FORWARDED[argv[0]][0]}", __package__)
+        return module.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "convert":

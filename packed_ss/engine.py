@@ -21,7 +21,7 @@ from .model.attention import attention_backend
 from .model.dual_mode import DualModeModel
 from .runtime import GenerateResult, Request, Runtime
 from .runtime.program import call_layouts
-from .width import PROFILE_KIND, call_cost, choose_width, step_overhead
+from .width import call_cost, choose_width, profile_kind, step_overhead
 
 MAX_WIDTH = 64
 MAX_BATCH = 256
@@ -114,8 +114,8 @@ class Engine:
         """width="auto" (width.py): the profile's best width on this device; the fixed default without one."""
         cfg, profile = self.model.cfg, self.model.draft_profile
         limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
-        kind = PROFILE_KIND.get(self.schedule_name)
-        if profile is None or kind is None:
+        kind = profile_kind(self.schedule_name, self.any_order)
+        if profile is None or kind not in profile:
             return min(limit, DEFAULT_WIDTH) if not cfg.block_size else limit
         widths = range(1, min(limit, profile["width"]) + 1)
         rows = {w: [lay.rows for lay in call_layouts(self._build(w, SamplingParams(), "torch"))] for w in widths}

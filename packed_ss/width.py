@@ -4,8 +4,9 @@ Two measurements meet here:
 - the drafter's acceptance profile (draft_profile.json beside the drafting adapter, or in the model
   directory for the model's own drafter; `python -m packed_ss train-drafter` writes it): expected tokens
   per iteration at each width W = 1..Wp, replayed on the model's own greedy continuations, once for drafts
-  from the current prefix ("fresh": Linear-SS, Quadratic-SS) and once for the previous call's proposals
-  ("lagged": Packed-SS);
+  from the current prefix ("fresh": Linear-SS, Quadratic-SS), once for the previous call's proposals
+  ("lagged": Packed-SS) and, for any-order models, once for the branch drafted before the correction token
+  ("branch": their Quadratic-SS; profile_kind);
 - the per-call latency tau + delta * rows, fitted once per (model, device, dtype, attention backend) and
   process from a few timed calls at the row counts the candidate widths use; in eager mode tau also holds
   what each call of the decode step spends beyond the model (inputs, epilogue, poll: step_overhead), which
@@ -29,7 +30,7 @@ import torch
 from .model.attention import Layout
 
 PROFILE_FILE = "draft_profile.json"
-PROFILE_KIND = {"packed": "lagged", "linear": "fresh", "quadratic": "fresh"}
+PROFILE_KINDS = ("fresh", "lagged", "branch")   # the replays a profile holds; "branch" for any-order models only
 CACHED_TOKENS = 256
 REPS = 5
 PROBE_TOKENS = (8, 40)     # new tokens of the short and the long decode step_overhead compares
@@ -55,12 +56,20 @@ def read_profile(directory: str | Path) -> dict | None:
         return None
     profile = json.loads(file.read_text())
     width = profile.get("width")
-    for kind in PROFILE_KIND.values():
+    for kind in [k for k in PROFILE_KINDS if k in profile or k != "branch"]:
         values = profile.get(kind)
         if not (isinstance(values, list) and len(values) == width and all(v >= 1 for v in values)):
             raise ValueError(f"{file}: {kind!r} must list expected tokens per iteration (each >= 1) for widths "
                              f"1..{width}")
     return profile
+
+
+def profile_kind(schedule: str, any_order: bool) -> str | None:
+    """The replay that predicts `schedule`'s tokens per iteration: Linear-SS drafts from the current prefix
+    ("fresh"), Packed-SS verifies the previous call's proposal ("lagged"), Quadratic-SS the branch that
+    verification selects, which has seen the accepted drafts and, left to right, the correction token too
+    ("fresh"); an any-order branch has not ("branch"). None for schedules without drafts."""
+    return {"packed": "lagged", "linear": "fresh", "quadratic": "branch" if any_order else "fresh"}.get(schedule)
 
 
 def choose_width(tokens: list[float], rows_of: Callable[[int], list[int]], cost: CallCost) -> int:

@@ -12,8 +12,9 @@ from packed_ss.cli import main
 from packed_ss.decode.schedules.base import layout
 from packed_ss.lab.drafter import lora
 from packed_ss.lab.drafter.calls import base_cache, drafting_logits, targets
-from packed_ss.lab.drafter.profile import leading, replay
+from packed_ss.lab.drafter.profile import acceptance, leading, replay
 from packed_ss.model.attention import Layout
+from packed_ss.width import PROFILE_FILE
 
 SEQ = torch.tensor([5, 17, 42, 8, 9, 60, 3, 12, 77, 31, 2, 44, 50, 7])
 
@@ -54,15 +55,44 @@ def test_replay_of_perfect_and_useless_drafts():
     seq = torch.arange(40)
     width, first = 4, 10
     perfect = torch.stack([seq[n:n + width] for n in range(first, 40 - width + 1)])
-    tokens, iterations = replay(perfect, seq, first, width, lagged=False)
+    tokens, iterations = replay(perfect, seq, first, width, "fresh")
     assert tokens == iterations * (width + 1)               # every draft accepted, plus the bonus token
-    tokens, iterations = replay(perfect, seq, first, width, lagged=True)
+    tokens, iterations = replay(perfect, seq, first, width, "lagged")
     # W+1 first; then the call's proposal is all emitted: 1 token, then the W-1 proposals left plus a bonus
     assert tokens == (width + 1) + (iterations - 1) // 2 * (width + 1) + (iterations - 1) % 2
+    # any-order: an iteration resolves its window of W positions only, so a full window brings no bonus
+    tokens, iterations = replay(perfect, seq, first, width, "fresh", any_order=True)
+    assert tokens == iterations * width
+    for kind in ("lagged", "branch"):     # W, then 1 (nothing drafted past the window), then W - 1 + 1, ...
+        tokens, iterations = replay(perfect, seq, first, width, kind, any_order=True)
+        assert tokens == width + (iterations - 1) // 2 * (width + 1) + (iterations - 1) % 2
     useless = torch.full_like(perfect, -1)
-    for lagged in (False, True):
-        tokens, iterations = replay(useless, seq, first, width, lagged)
-        assert tokens == iterations
+    for kind in ("fresh", "lagged", "branch"):
+        for any_order in (False, True):
+            tokens, iterations = replay(useless, seq, first, width, kind, any_order)
+            assert tokens == iterations
+
+
+def test_branch_replay_drafts_from_before_the_correction():
+    """Any-order Quadratic-SS: after accepting A tokens (A - 1 drafts and a correction), the selected branch's
+    proposals for the rest of the window come from the prefix before the correction, at offsets 1..W - A."""
+    seq = torch.arange(40)
+    width, first = 3, 10
+    drafts = torch.tensor([[10, 99, 99],          # from prefix 10: accept 10, then the correction 11 (A = 2)
+                           [99, 12, 99],          # from prefix 11, before the correction: 12 at offset 1
+                           [99, 99, 99]])         # from prefix 12: what "fresh" verifies
+    # iteration 2 verifies [12] (the window's one position left): accepted, plus the window's last token
+    assert replay(drafts, seq, first, width, "branch", any_order=True) == (4, 2)
+    assert replay(drafts, seq, first, width, "lagged", any_order=True) == (3, 2)     # verifies [99] from prefix 10
+    assert replay(drafts, seq, first, width, "fresh", any_order=True) == (3, 2)      # verifies [99, 99, 99]
+
+
+def test_acceptance_skips_continuations_shorter_than_a_draft():
+    """A continuation that stopped early (EOS) within W tokens of its prompt has no full draft to score."""
+    model = packed_ss.load_model(checkpoint("llama-gqa"))
+    measured = acceptance(model, [(10, SEQ[:12]), (4, SEQ)], 4, False, "acceptance")
+    assert measured["drafts"] == len(SEQ) - 4 - 4 + 1       # prefixes 4..10 of the full sequence only
+    assert len(measured["profile"]["lagged"]) == 4
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +147,30 @@ def test_train_drafter_is_deterministic(trained, tmp_path):
 def test_train_drafter_rejects_bad_arguments(tmp_path, capsys):
     assert main(["train-drafter", "default", "--out", str(tmp_path / "x"), "--targets", "lm_head"]) == 2
     assert "--targets must be" in capsys.readouterr().err
+
+
+def test_profile_drafter_measures_what_train_drafter_wrote(trained, tmp_path):
+    """profile-drafter with the trainer's options replays the same held-out continuations with the same drafts,
+    so it writes the trainer's profile; by default it writes beside the adapter, where load_model reads it."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (adapter / name).write_bytes((trained / name).read_bytes())
+    argv = ["profile-drafter", "default", "--draft-adapter", str(adapter), "--sequences", "4", "--eval-sequences",
+            "2", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--threads", "1", "--seed", "1"]
+    assert main(argv) == 0
+    profile = json.loads((adapter / PROFILE_FILE).read_text())
+    assert profile == json.loads((trained / PROFILE_FILE).read_text())
+    assert packed_ss.load_model(draft_adapter=adapter).draft_profile == profile
+    # another held-out set (the trainer's default 400 training prompts drawn first): another profile
+    assert main(argv[:4] + argv[6:] + ["--out", str(tmp_path / "other")]) == 0
+    assert json.loads((tmp_path / "other" / PROFILE_FILE).read_text()) != profile
+
+
+@pytest.mark.parametrize("option, value, message", [("--width", "0", "--width must be in [1, "),
+                                                    ("--sequences", "-1", "--sequences must be an integer >= 0"),
+                                                    ("--gen-tokens", "1", "--gen-tokens must be an integer >= 2")])
+def test_profile_drafter_rejects_bad_arguments(tmp_path, capsys, option, value, message):
+    assert main(["profile-drafter", "default", "--out", str(tmp_path), option, value]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / PROFILE_FILE).exists()

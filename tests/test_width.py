@@ -95,6 +95,20 @@ def test_auto_width_respects_block_size(tmp_path, monkeypatch):
     assert packed_ss.Engine(model, "packed").width == 3
 
 
+def test_any_order_quadratic_reads_the_branch_replay(monkeypatch):
+    monkeypatch.setattr(packed_ss.engine, "call_cost", lambda *a: CallCost(5.0, 0.001))   # rows nearly free
+    monkeypatch.setattr(packed_ss.engine, "step_overhead", lambda *a: 0.0)
+    model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True))
+    model.draft_profile = None
+    fixed = packed_ss.Engine(model, "quadratic").width
+    model.draft_profile = dict(PROFILE, branch=[1.0, 2.0, 1.5, 1.4, 1.3, 1.2])
+    assert packed_ss.Engine(model, "quadratic").width == 2      # the branch replay's best; "fresh" would give 6
+    assert packed_ss.Engine(model, "linear").width == 6
+    assert packed_ss.Engine(model, "packed").width == 6
+    model.draft_profile = PROFILE                                 # a profile without the branch replay
+    assert packed_ss.Engine(model, "quadratic").width == fixed
+
+
 def test_call_cost_is_measured_once(model):
     attend = packed_ss.model.attention.packed_attention_ref
     first = call_cost(model, attend, "torch", [2, 8])
@@ -108,6 +122,11 @@ def test_profile_file(tmp_path):
     assert read_profile(tmp_path) == PROFILE
     (tmp_path / PROFILE_FILE).write_text(json.dumps(dict(PROFILE, lagged=[1.0, 2.0])))
     with pytest.raises(ValueError, match="'lagged' must list expected tokens per iteration"):
+        read_profile(tmp_path)
+    (tmp_path / PROFILE_FILE).write_text(json.dumps(dict(PROFILE, branch=[1.0] * 6)))
+    assert read_profile(tmp_path)["branch"] == [1.0] * 6
+    (tmp_path / PROFILE_FILE).write_text(json.dumps(dict(PROFILE, branch=[0.5] * 6)))
+    with pytest.raises(ValueError, match="'branch' must list expected tokens per iteration"):
         read_profile(tmp_path)
 
 

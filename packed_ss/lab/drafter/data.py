@@ -18,6 +18,16 @@ from ..progress import progress
 from ..train.data import collect_py_files, is_heldout, stdlib_dir
 
 PIECE_LINES = 100
+TRAIN_SEQUENCES = 400
+
+
+def prompt_sets(args, tokenizer, gen: torch.Generator, sequences: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(`sequences` training prompts, --eval-sequences held-out prompts), drawn from `gen` in this order: the
+    held-out set depends on the seed, the data options and `sequences` only, so profile-drafter can measure the
+    held-out set a train-drafter run evaluated on."""
+    train_texts, held_texts = documents(args.data, args.data_suffix, args.heldout_pct)
+    return (prompts(train_texts, tokenizer, sequences, args.prompt_tokens, gen),
+            prompts(held_texts, tokenizer, args.eval_sequences, args.prompt_tokens, gen))
 
 
 def documents(data: str | None, suffix: str, heldout_pct: float) -> tuple[list[str], list[str]]:

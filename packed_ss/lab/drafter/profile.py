@@ -4,8 +4,9 @@ At every prefix n of a continuation the drafting call (calls.py, as the engine i
 against the continuation (the verifier's greedy output) we count per-slot accuracy and the leading match h.
 The acceptance profile replays greedy decoding on the same continuations with these drafts, for every
 width w = 1..W: tokens per iteration when each iteration verifies a draft from the current prefix ("fresh":
-Linear-SS, Quadratic-SS) and when it verifies the previous call's proposal, shifted by what that call
-accepted ("lagged": Packed-SS, paper Alg. 1). A width-w draft is taken as the first w tokens of the width-W
+Linear-SS, Quadratic-SS), when it verifies the previous call's proposal, shifted by what that call
+accepted ("lagged": Packed-SS, paper Alg. 1), and, for any-order models, when it verifies the branch drafted
+before the correction token ("branch": their Quadratic-SS). A width-w draft is taken as the first w tokens of the width-W
 draft (one drafting call per prefix instead of W; the mask rows of a narrower call see fewer masks, so this
 is an approximation, checked against the engine by the benchmark). `width="auto"` (packed_ss/width.py)
 reads the profile.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..progress import progress
+from ...width import PROFILE_KINDS
 from .calls import base_cache, drafting_logits
 
 
@@ -30,18 +32,27 @@ def greedy_drafts(model, seq, cache, starts, width: int, any_order: bool, chunk:
                       for i in range(0, len(starts), chunk)])
 
 
-def replay(drafts: torch.Tensor, seq: torch.Tensor, first: int, width: int, lagged: bool) -> tuple[int, int]:
+def replay(drafts: torch.Tensor, seq: torch.Tensor, first: int, width: int, kind: str,
+           any_order: bool = False) -> tuple[int, int]:
     """(tokens, iterations) of greedy decoding at `width` from prefix `first` while there are drafts:
-    drafts[n - first, :width] is the draft from prefix n (rows up to len(seq) - drafts.shape[1])."""
+    drafts[m - first, j] is the proposal for position m + j from prefix m (rows up to len(seq) - drafts.shape[1]).
+    An iteration accepts the leading matches and a correction or bonus token; an any-order iteration resolves
+    positions of its window of `width` only (paper Alg. 3), so at most `width` tokens. The next draft (KINDS):
+    "fresh" from the new prefix, "lagged" this call's proposal from the prefix before it, "branch" the
+    selected branch's, from the prefix before the correction token (PROFILE_KINDS, width.py)."""
     n, tokens, iterations = first, 0, 0
-    draft = drafts[0, :width]
+    row, lo, hi = 0, 0, width                    # the draft verified next: drafts[row, lo:hi]
     while n - first < len(drafts):
-        if not lagged:
-            draft = drafts[n - first, :width]
+        if kind == "fresh":
+            row, lo, hi = n - first, 0, width
+        draft = drafts[row, lo:hi]
         h = int(leading(draft[None], seq[n:n + len(draft)][None])) if len(draft) else 0
-        if lagged:
-            draft = drafts[n - first, h + 1:width]  # this call's proposal, minus what it emitted
-        n, tokens, iterations = n + h + 1, tokens + h + 1, iterations + 1
+        accepted = min(h + 1, width) if any_order else h + 1
+        if kind == "lagged":
+            row, lo, hi = n - first, accepted, width
+        elif kind == "branch":
+            row, lo, hi = n + accepted - 1 - first, 1, width - accepted + 1
+        n, tokens, iterations = n + accepted, tokens + accepted, iterations + 1
     return tokens, iterations
 
 
@@ -51,12 +62,12 @@ def acceptance(model, sequences: list[tuple[int, torch.Tensor]], max_width: int,
     continuations, and the acceptance profile for widths 1..max_width."""
     model.eval()
     hits, at_least, n_drafts, mean_h = torch.zeros(max_width), torch.zeros(max_width), 0, 0.0
-    totals = {kind: torch.zeros(max_width, 2) for kind in ("fresh", "lagged")}
+    totals = {kind: torch.zeros(max_width, 2) for kind in (PROFILE_KINDS if any_order else PROFILE_KINDS[:2])}
     slots = torch.arange(max_width)
     with progress(len(sequences), desc, unit="seq") as bar:
         for first, seq in sequences:
             bar.update()
-            starts = torch.arange(first, seq.numel() - max_width + 1, device=seq.device)
+            starts = torch.arange(first, max(first, seq.numel() - max_width + 1), device=seq.device)
             if len(starts) == 0:
                 continue
             drafts = greedy_drafts(model, seq, base_cache(model, seq), starts, max_width, any_order).cpu()
@@ -67,7 +78,7 @@ def acceptance(model, sequences: list[tuple[int, torch.Tensor]], max_width: int,
             n_drafts, mean_h = n_drafts + len(h), mean_h + float(h.sum())
             for width in range(1, max_width + 1):
                 for kind in totals:
-                    totals[kind][width - 1] += torch.tensor(replay(drafts, seq.cpu(), first, width, kind == "lagged"))
+                    totals[kind][width - 1] += torch.tensor(replay(drafts, seq.cpu(), first, width, kind, any_order))
     n = max(n_drafts, 1)
     rounded = lambda t: [round(float(x), 4) for x in t]  # noqa: E731
     return {"width": max_width, "drafts": n_drafts, "slot_accuracy": rounded(hits / n),

@@ -25,12 +25,11 @@ from ...model.loading import load_model
 from ...model.tokenizer import load_tokenizer
 from ...width import PROFILE_FILE
 from ..train.loop import fit, mean_last
-from . import data, lora
+from . import data, lora, options
 from .calls import base_cache, drafting_logits, targets
 from .profile import acceptance
 
 IGNORE = -100
-DEFAULT_WIDTH = 16
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("model", help="model directory, or a shipped model's name: 'default' or 'any-order'")
     ap.add_argument("--out", required=True, help="adapter directory to write (created)")
     ap.add_argument("--steps", type=int, default=300, help="optimisation steps (default 300)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of prompts, sampling, init and batches (default 0)")
     ap.add_argument("--rank", type=int, default=32, help="LoRA rank r (default 32)")
     ap.add_argument("--alpha", type=float, default=None, help="LoRA alpha; scale = alpha / r (default: r)")
     ap.add_argument("--targets", default=",".join(TARGETS),
@@ -57,39 +55,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip (default 1)")
     ap.add_argument("--batch", type=int, default=4, help="continuations per step (default 4)")
     ap.add_argument("--queries", type=int, default=48, help="drafting prefixes per continuation and step (48)")
-    ap.add_argument("--width", type=int, default=None,
-                    help=f"largest draft width W trained and profiled (default: block_size - 1, else {DEFAULT_WIDTH})")
-    ap.add_argument("--sequences", type=int, default=400, help="training continuations to generate (400)")
+    ap.add_argument("--sequences", type=int, default=data.TRAIN_SEQUENCES,
+                    help=f"training continuations to generate ({data.TRAIN_SEQUENCES})")
     ap.add_argument("--sampled-frac", type=float, default=0.5,
                     help="share of training continuations sampled at T=1 instead of greedy (default 0.5)")
-    ap.add_argument("--prompt-tokens", type=int, default=64, help="prompt length in tokens (default 64)")
-    ap.add_argument("--gen-tokens", type=int, default=128, help="continuation length in tokens (default 128)")
-    ap.add_argument("--eval-sequences", type=int, default=16,
-                    help="held-out greedy continuations for the acceptance before and after (default 16)")
-    ap.add_argument("--data", default=None,
-                    help="your own text: a directory (files ending in --data-suffix) or one file; default the "
-                         "standard library's training split, which the shipped models were trained on")
-    ap.add_argument("--data-suffix", default=".py", help="file suffix read from a --data directory (.py)")
-    ap.add_argument("--heldout-pct", type=float, default=3.0,
-                    help="percent of documents held out for evaluation, by name hash (default 3, as the models)")
-    ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="CPU threads for torch (default 1: on a shared machine more threads can run far slower)")
+    options.add_arguments(ap)
     ap.add_argument("--log-every-s", type=float, default=None, help="progress bar refresh interval in seconds")
     return ap
 
 
 def check_args(args, model) -> list[str]:
-    for name, low in (("steps", 1), ("rank", 1), ("batch", 1), ("queries", 1), ("sequences", 1),
-                      ("prompt_tokens", 1), ("gen_tokens", 2), ("eval_sequences", 1), ("warmup", 0)):
+    for name, low in (("steps", 1), ("rank", 1), ("batch", 1), ("queries", 1), ("sequences", 1), ("warmup", 0)):
         if getattr(args, name) < low:
             raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {getattr(args, name)}")
+    options.check_arguments(args, model)
     if not 0 <= args.sampled_frac <= 1:
         raise ValueError(f"--sampled-frac must be in [0, 1], got {args.sampled_frac}")
-    limit = model.cfg.block_size - 1 if model.cfg.block_size else 64
-    args.width = args.width or min(limit, DEFAULT_WIDTH)
-    if not 1 <= args.width <= limit:
-        raise ValueError(f"--width must be in [1, {limit}], got {args.width}")
     targets_ = [t for t in args.targets.split(",") if t]
     if not targets_ or any(t not in TARGETS for t in targets_):
         raise ValueError(f"--targets must be a comma-separated subset of {','.join(TARGETS)}, got {args.targets!r}")
@@ -122,22 +103,20 @@ def main(argv=None) -> int:
 
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    torch.set_num_threads(args.threads)
     started = time.time()
     path = model_path(args.model)
     try:
         model = load_model(path, device=args.device, draft_adapter=None)
         targets_ = check_args(args, model)
-        train_texts, held_texts = data.documents(args.data, args.data_suffix, args.heldout_pct)
+        torch.set_num_threads(args.threads)
+        gen = torch.Generator().manual_seed(args.seed)
+        train_prompts, held_prompts = data.prompt_sets(args, load_tokenizer(path), gen, args.sequences)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    gen = torch.Generator().manual_seed(args.seed)
-    tokenizer = load_tokenizer(path)
-    train = data.continuations(model, data.prompts(train_texts, tokenizer, args.sequences, args.prompt_tokens, gen),
-                               args.gen_tokens, args.sampled_frac, args.seed, "continuations (train)")
-    held = data.continuations(model, data.prompts(held_texts, tokenizer, args.eval_sequences, args.prompt_tokens,
-                                                  gen), args.gen_tokens, 0.0, args.seed, "continuations (eval)")
+    train = data.continuations(model, train_prompts, args.gen_tokens, args.sampled_frac, args.seed,
+                               "continuations (train)")
+    held = data.continuations(model, held_prompts, args.gen_tokens, 0.0, args.seed, "continuations (eval)")
     generated_s = time.time() - started
     any_order = model.cfg.any_order
     before = acceptance(model, held, args.width, any_order, "acceptance before")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..progress import progress
 from ...width import PROFILE_KINDS
+from ..progress import progress
 from .calls import base_cache, drafting_logits
 
 

@@ -11,6 +11,7 @@ import packed_ss
 from packed_ss.cli import main
 from packed_ss.decode.schedules.base import layout
 from packed_ss.lab.drafter import lora
+from packed_ss.lab.drafter.data import function_prompts
 from packed_ss.lab.drafter.calls import base_cache, drafting_logits, targets
 from packed_ss.lab.drafter.profile import acceptance, leading, replay
 from packed_ss.model.attention import Layout
@@ -95,11 +96,24 @@ def test_acceptance_skips_continuations_shorter_than_a_draft():
     assert len(measured["profile"]["lagged"]) == 4
 
 
+def test_function_prompts_end_after_a_docstring():
+    tok = packed_ss.load_tokenizer()
+    docstring = '"""The area of a circle of radius r."""'
+    texts = [f"x = 1\n\nclass A:\n    def area(self, r):\n        {docstring}\n        return 3.14 * r * r\n\n"
+             "def no_doc(a):\n    return a\n",
+             "def two(a, b):\n    '''Add a and b.'''\n    return a + b\n"]
+    chosen = function_prompts(texts, tok, 5, 6, torch.Generator().manual_seed(0))
+    assert len(chosen) == 2 and all(len(ids) == 6 for ids in chosen)      # not the function without a docstring
+    assert sorted(tok.decode(ids) for ids in chosen) == [" a and b.'''\n", 'adius r."""\n']    # the bodies follow
+    assert function_prompts(texts, tok, 1, 6, torch.Generator().manual_seed(0)) == chosen[:1]
+    assert function_prompts(texts, tok, 5, 500, torch.Generator()) == []      # no function has 500 tokens before it
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("drafter") / "adapter"
     argv = ["train-drafter", "default", "--out", str(out), "--steps", "3", "--sequences", "4", "--eval-sequences",
-            "2", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--batch", "2", "--queries", "8",
+            "2", "--eval-functions", "1", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--batch", "2", "--queries", "8",
             "--rank", "4", "--targets", "q_proj,o_proj,down_proj", "--threads", "1", "--seed", "1"]
     assert main(argv) == 0
     return out
@@ -137,7 +151,7 @@ def test_trained_adapter_changes_drafts_never_output(trained):
 
 def test_train_drafter_is_deterministic(trained, tmp_path):
     argv = ["train-drafter", "default", "--out", str(tmp_path / "again"), "--steps", "3", "--sequences", "4",
-            "--eval-sequences", "2", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--batch", "2",
+            "--eval-sequences", "2", "--eval-functions", "1", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--batch", "2",
             "--queries", "8", "--rank", "4", "--targets", "q_proj,o_proj,down_proj", "--threads", "1", "--seed", "1"]
     assert main(argv) == 0
     assert (tmp_path / "again" / "adapter_model.safetensors").read_bytes() == \
@@ -157,7 +171,7 @@ def test_profile_drafter_measures_what_train_drafter_wrote(trained, tmp_path):
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         (adapter / name).write_bytes((trained / name).read_bytes())
     argv = ["profile-drafter", "default", "--draft-adapter", str(adapter), "--sequences", "4", "--eval-sequences",
-            "2", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--threads", "1", "--seed", "1"]
+            "2", "--eval-functions", "1", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--threads", "1", "--seed", "1"]
     assert main(argv) == 0
     profile = json.loads((adapter / PROFILE_FILE).read_text())
     assert profile == json.loads((trained / PROFILE_FILE).read_text())

@@ -6,9 +6,13 @@ in --data-suffix, or one file cut into pieces of PIECE_LINES lines), split the s
 name. HumanEval is never read here: it is the benchmark. A prompt is --prompt-tokens tokens from a random
 line of a document; the base model continues it for --gen-tokens tokens, greedily or sampled at T = 1 (so
 that both kinds of decoding gain), with the engine (output equals AR decoding, exactly or in distribution).
+The held-out set adds --eval-functions prompts that end after a function's signature and docstring: the
+model then writes the function's body, the text where drafts run furthest (indentation), which random-line
+prompts rarely start at.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -19,15 +23,17 @@ from ..train.data import collect_py_files, is_heldout, stdlib_dir
 
 PIECE_LINES = 100
 TRAIN_SEQUENCES = 400
+FUNCTION = re.compile(r'^( *)def [^\n]*:\n\1    ("""|\'\'\').*?\2\n', re.M | re.S)   # one-line signature, docstring
 
 
 def prompt_sets(args, tokenizer, gen: torch.Generator, sequences: int) -> tuple[list[list[int]], list[list[int]]]:
-    """(`sequences` training prompts, --eval-sequences held-out prompts), drawn from `gen` in this order: the
-    held-out set depends on the seed, the data options and `sequences` only, so profile-drafter can measure the
-    held-out set a train-drafter run evaluated on."""
+    """(`sequences` training prompts, --eval-sequences held-out prompts and --eval-functions held-out function
+    prompts), drawn from `gen` in this order: the held-out set depends on the seed, the data options and
+    `sequences` only, so profile-drafter can measure the held-out set a train-drafter run evaluated on."""
     train_texts, held_texts = documents(args.data, args.data_suffix, args.heldout_pct)
     return (prompts(train_texts, tokenizer, sequences, args.prompt_tokens, gen),
-            prompts(held_texts, tokenizer, args.eval_sequences, args.prompt_tokens, gen))
+            prompts(held_texts, tokenizer, args.eval_sequences, args.prompt_tokens, gen)
+            + function_prompts(held_texts, tokenizer, args.eval_functions, args.prompt_tokens, gen))
 
 
 def documents(data: str | None, suffix: str, heldout_pct: float) -> tuple[list[str], list[str]]:
@@ -62,6 +68,19 @@ def prompts(texts: list[str], tokenizer, n: int, length: int, gen: torch.Generat
         if len(ids) == length:
             out.append(ids)
     return out
+
+
+def function_prompts(texts: list[str], tokenizer, n: int, length: int, gen: torch.Generator) -> list[list[int]]:
+    """Up to n prompts of `length` tokens that end after a function's one-line signature and its docstring (the
+    model continues with the body), chosen at random among the functions of `texts` that have `length`
+    tokens before that point; fewer when there are fewer."""
+    found = []
+    for text in texts:
+        for match in FUNCTION.finditer(text):
+            ids = tokenizer.encode(text[:match.end()][-16 * length:]).ids[-length:]
+            if len(ids) == length:
+                found.append(ids)
+    return [found[i] for i in torch.randperm(len(found), generator=gen)[:n].tolist()]
 
 
 def continuations(model, prompt_ids: list[list[int]], new_tokens: int, sampled_frac: float, seed: int,

@@ -15,6 +15,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--gen-tokens", type=int, default=128, help="continuation length in tokens (default 128)")
     ap.add_argument("--eval-sequences", type=int, default=16,
                     help="held-out greedy continuations the acceptance is measured on (default 16)")
+    ap.add_argument("--eval-functions", type=int, default=16,
+                    help="held-out prompts ending after a function's signature and docstring, added to "
+                         "--eval-sequences (default 16; fewer when the corpus has fewer)")
     ap.add_argument("--data", default=None,
                     help="your own text: a directory (files ending in --data-suffix) or one file; default the "
                          "standard library's training split, which the shipped models were trained on")
@@ -28,7 +31,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def check_arguments(args, model) -> None:
     """Raises ValueError naming the option and its range; sets args.width when it was left to the default."""
-    for name, low in (("prompt_tokens", 1), ("gen_tokens", 2), ("eval_sequences", 1), ("threads", 1)):
+    for name, low in (("prompt_tokens", 1), ("gen_tokens", 2), ("eval_sequences", 1), ("eval_functions", 0),
+                      ("threads", 1)):
         if getattr(args, name) < low:
             raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {getattr(args, name)}")
     limit = model.cfg.block_size - 1 if model.cfg.block_size else 64

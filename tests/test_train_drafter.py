@@ -138,8 +138,9 @@ def test_trained_adapter_changes_drafts_never_output(trained):
     prompt = tok.encode("def add(a, b):\n    return").ids
     base = packed_ss.load_model(draft_adapter=None)
     adapted = packed_ss.load_model(draft_adapter=trained)
-    for linear in lora.modules(adapted, ["q_proj"]).values():     # make sure the drafts move
-        linear.lora.b.add_(0.05)
+    gen = torch.Generator().manual_seed(0)
+    for linear in lora.modules(adapted, ["q_proj", "o_proj", "down_proj"]).values():   # make sure the drafts move
+        linear.lora.b.add_(torch.randn(linear.lora.b.shape, generator=gen), alpha=0.1)
     moved = False
     for schedule in ("linear", "quadratic", "packed"):
         a = packed_ss.Engine(adapted, schedule, width=4).generate(prompt, 32, eos_token_id=[])

@@ -181,7 +181,7 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _default_splits(device: torch.device, programs: int, capacity: int, block_n: int) -> int:
+def _default_splits(device: torch.device, programs: int) -> int:
     """About two programs per SM, rounded down to a power of two, at most 16; 1 off the GPU.
     (H200, 64 rows x 32 heads at 8192 cached: 8 splits 41.8 us, the unrounded 9 49.2 us, 16 45.7 us;
     bench/RESULTS.md.)
@@ -211,7 +211,7 @@ def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale
     functions of the shapes.
     """
     batch, rows, heads, dim = q.shape
-    kv_heads, capacity = k_cache.shape[1], k_cache.shape[2]
+    kv_heads = k_cache.shape[1]
     assert heads % kv_heads == 0, "query heads must be a multiple of KV heads"
     assert k.shape == v.shape == (batch, rows, kv_heads, dim) and k_cache.shape == v_cache.shape
     assert k_cache.shape[0] == batch and cache_len.shape == (batch,)
@@ -223,7 +223,7 @@ def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale
     block_n = block_n or (128 if interp else 64)   # the interpreter's cost is per op: big blocks
     block_m = block_m or max(16, min(128 if interp else 64, triton.next_power_of_2(rows * group)))
     m_blocks = triton.cdiv(rows * group, block_m)
-    splits = num_splits or _default_splits(q.device, m_blocks * kv_heads, capacity, block_n)   # batch-invariant
+    splits = num_splits or _default_splits(q.device, m_blocks * kv_heads)   # batch- and capacity-invariant
 
     out = torch.empty((batch, rows, heads, dim), dtype=q.dtype, device=q.device)
     if splits > 1:

@@ -56,12 +56,17 @@ def read_profile(directory: str | Path) -> dict | None:
         return None
     profile = json.loads(file.read_text())
     width = profile.get("width")
-    for kind in [k for k in PROFILE_KINDS if k in profile or k != "branch"]:
+    for kind in profile_kinds(any_order="branch" in profile):
         values = profile.get(kind)
         if not (isinstance(values, list) and len(values) == width and all(v >= 1 for v in values)):
             raise ValueError(f"{file}: {kind!r} must list expected tokens per iteration (each >= 1) for widths "
                              f"1..{width}")
     return profile
+
+
+def profile_kinds(any_order: bool) -> tuple[str, ...]:
+    """The replays a profile holds: "fresh" and "lagged", and for an any-order model "branch" too."""
+    return PROFILE_KINDS if any_order else tuple(k for k in PROFILE_KINDS if k != "branch")
 
 
 def profile_kind(schedule: str, any_order: bool) -> str | None:

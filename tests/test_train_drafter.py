@@ -11,8 +11,8 @@ import packed_ss
 from packed_ss.cli import main
 from packed_ss.decode.schedules.base import layout
 from packed_ss.lab.drafter import lora
-from packed_ss.lab.drafter.data import function_prompts
 from packed_ss.lab.drafter.calls import base_cache, drafting_logits, targets
+from packed_ss.lab.drafter.data import function_prompts
 from packed_ss.lab.drafter.profile import acceptance, leading, replay
 from packed_ss.model.attention import Layout
 from packed_ss.width import PROFILE_FILE

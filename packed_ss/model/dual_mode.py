@@ -6,6 +6,7 @@ Both modes share every weight; they differ only in the attention pattern given b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -120,6 +121,7 @@ class DualModeModel(nn.Module):
             inv_freq, self.rope_scaling = rope_inv_freq(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.draft_profile: dict | None = None   # the drafter's acceptance profile (width.py), set by loading
+        self.adapter_dir: Path | None = None     # the drafting adapter's directory, set by loading
 
     def _apply(self, fn, recurse=True):
         # Keep the rope frequencies in float32 whatever the model dtype (HF computes them that way).

@@ -83,14 +83,6 @@ def _fill(model: DualModeModel, tensors: Iterator[tuple[str, torch.Tensor]], ren
         raise ValueError(f"{where}: lacks weight(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}")
 
 
-def adapter_dir(path: str | Path, draft_adapter: str | Path | None) -> Path | None:
-    """The adapter directory load_model attaches for `draft_adapter` ("auto": the one the model directory
-    ships, if any; a path: that one; None: none)."""
-    if draft_adapter != "auto":
-        return None if draft_adapter is None else Path(draft_adapter)
-    return find_adapter(Path(path), json.loads((Path(path) / "config.json").read_text()))
-
-
 def load_model(path: str | Path | None = None, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None, draft_adapter: str | Path | None = "auto") -> DualModeModel:
     """Load a model directory; `path=None` loads the embedded default model.
@@ -120,8 +112,9 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "cpu
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(device).eval()
-    adapter = adapter_dir(path, draft_adapter)
+    adapter = find_adapter(path, raw) if draft_adapter == "auto" else draft_adapter
     if adapter is not None:
         load_adapter(model, adapter, rename)
+    model.adapter_dir = None if adapter is None else Path(adapter)
     model.draft_profile = read_profile(adapter if adapter is not None else path)
     return model

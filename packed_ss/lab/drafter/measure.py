@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ...model.loading import adapter_dir, load_model
+from ...model.loading import load_model
 from ...model.tokenizer import load_tokenizer
 from ...width import PROFILE_FILE
 from . import data, options
@@ -49,8 +49,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     path = model_path(args.model)
     try:
-        adapter = adapter_dir(path, None if args.draft_adapter == "none" else args.draft_adapter)
-        model = load_model(path, device=args.device, draft_adapter=adapter)
+        model = load_model(path, device=args.device,
+                           draft_adapter=None if args.draft_adapter == "none" else args.draft_adapter)
         options.check_arguments(args, model)
         if args.sequences < 0:
             raise ValueError(f"--sequences must be an integer >= 0, got {args.sequences}")
@@ -62,6 +62,7 @@ def main(argv=None) -> int:
         return 2
     held = data.continuations(model, held_prompts, args.gen_tokens, 0.0, args.seed, "continuations (held out)")
     measured = acceptance(model, held, args.width, model.cfg.any_order, "acceptance")
+    adapter = model.adapter_dir
     out = Path(args.out) if args.out else (adapter or path)
     out.mkdir(parents=True, exist_ok=True)
     (out / PROFILE_FILE).write_text(json.dumps({"width": args.width, **measured["profile"]}, indent=2) + "\n")

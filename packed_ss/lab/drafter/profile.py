@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ...width import PROFILE_KINDS
+from ...width import profile_kinds
 from ..progress import progress
 from .calls import base_cache, drafting_logits
 
@@ -39,7 +39,7 @@ def replay(drafts: torch.Tensor, seq: torch.Tensor, first: int, width: int, kind
     An iteration accepts the leading matches and a correction or bonus token; an any-order iteration resolves
     positions of its window of `width` only (paper Alg. 3), so at most `width` tokens. The next draft (KINDS):
     "fresh" from the new prefix, "lagged" this call's proposal from the prefix before it, "branch" the
-    selected branch's, from the prefix before the correction token (PROFILE_KINDS, width.py)."""
+    selected branch's, from the prefix before the correction token (width.profile_kind)."""
     n, tokens, iterations = first, 0, 0
     row, lo, hi = 0, 0, width                    # the draft verified next: drafts[row, lo:hi]
     while n - first < len(drafts):
@@ -62,7 +62,7 @@ def acceptance(model, sequences: list[tuple[int, torch.Tensor]], max_width: int,
     continuations, and the acceptance profile for widths 1..max_width."""
     model.eval()
     hits, at_least, n_drafts, mean_h = torch.zeros(max_width), torch.zeros(max_width), 0, 0.0
-    totals = {kind: torch.zeros(max_width, 2) for kind in (PROFILE_KINDS if any_order else PROFILE_KINDS[:2])}
+    totals = {kind: torch.zeros(max_width, 2) for kind in profile_kinds(any_order)}
     slots = torch.arange(max_width)
     with progress(len(sequences), desc, unit="seq") as bar:
         for first, seq in sequences:

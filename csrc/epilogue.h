@@ -16,7 +16,7 @@
 //            at a time, into a [vocab] workspace only where a residual or bonus is drawn.
 // A null index pointer below always means "dense": entry j is token j.
 // What it produces: the updated DecodeState (out, n_out, cache_len, last, done, draft, draft_len,
-// q_idx, q_prob, nfe, n_verify, n_accepted, offset) and `res`: the emitted tokens and A (n_accept).
+// q_idx, q_prob, nfe, n_verify, n_accepted, n_bonus, offset) and `res`: the emitted tokens and A (n_accept).
 //
 // Everything is written once, as templates over an executor X: `Serial` (here) runs the step on one CPU
 // thread; the CUDA build (epilogue.cu) runs the same functions in one thread block per sequence, every
@@ -90,6 +90,7 @@ struct State {
   int64_t* nfe;
   int64_t* n_verify;
   int64_t* n_accepted;
+  int64_t* n_bonus;    // verifications that accepted a whole non-empty draft and appended the bonus
   int64_t width;     // W
   int64_t support;   // K of the stored Q rows (1 under greedy decoding: unused)
   int64_t n_stop;
@@ -283,7 +284,7 @@ template <typename T, typename X>
 PSS_HD void commit(const State& st, const Step<T>& s, X& x) {
   const int64_t b = s.block, w = st.width;
   const bool active = !*st.done;
-  const int64_t n_out = *st.n_out, max_new = *st.max_new;
+  const int64_t n_out = *st.n_out, max_new = *st.max_new, draft_len = *st.draft_len;
   const int64_t seed = *st.seed, offset = *st.offset;
   const int64_t n = s.verify == kVerifyDraft ? b : (s.verify == kVerifyOne ? 1 : 0);
   int64_t a = 0, first_stop = n + 1;
@@ -308,8 +309,10 @@ PSS_HD void commit(const State& st, const Step<T>& s, X& x) {
     }
     *st.nfe += 1;
     if (s.verify == kVerifyDraft) {
+      const int64_t n_accept = s.res[b];
       *st.n_verify += 1;
       *st.n_accepted += imax(a - 1, 0);
+      *st.n_bonus += (n_accept == draft_len + 1 && draft_len > 0 && a == n_accept) ? 1 : 0;
     }
   }
   int64_t q_shift = -1;

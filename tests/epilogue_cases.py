@@ -145,6 +145,7 @@ def make_case(seed: int, vocabs=(4, 9, 33, 100), max_width: int = 6) -> Case:
     st.n_verify.fill_(rng.randint(0, 9))
     st.n_accepted.fill_(rng.randint(0, 9))
     st.done.fill_(rng.random() < 0.1)
+    st.n_bonus.fill_(rng.randint(0, 9))
     return Case(schedule, step, width, vocab, params, st, logits.to(dtype), prompt_len)
 
 
@@ -170,11 +171,17 @@ def g_test(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chi2.sf(g, max(1, len(obs) - 1)))
 
 
-def first_token_counts(device, params: SamplingParams, trials: int = 12000, width: int = 3, vocab: int = 6):
-    """Histogram of the first emitted token, drafts drawn from the stored Q; also p_1, Q_1 and the residual."""
+def emitted_counts(device, params: SamplingParams, trials: int = 12000, width: int = 3, vocab: int = 6):
+    """Histograms [W + 1, V] of the token emitted at each position of one verification, where it is emitted (A
+    above the position), drafts drawn from the stored Q; also the targets p [W + 1, V] and the Q rows [W, V].
+
+    The target rows do not depend on the drafts before them, so the token at position i, wherever it is
+    emitted, follows p_i: an accepted draft or a correction for i < W, the bonus for i = W. Targets near
+    the drafter's rows make full acceptance (the bonus) frequent; the bonus row is unrelated to them."""
     gen = torch.Generator().manual_seed(11)
-    target = torch.randn(width + 1, vocab, generator=gen) * 1.5
     drafter = torch.randn(width, vocab, generator=gen) * 1.5
+    target = torch.cat([drafter + 0.6 * torch.randn(width, vocab, generator=gen),
+                        torch.randn(1, vocab, generator=gen) * 1.5])
     q_idx, q_prob = truncated_probs(drafter, params)
     p = densify(*truncated_probs(target, params), vocab)
     q = densify(q_idx, q_prob, vocab)
@@ -186,13 +193,30 @@ def first_token_counts(device, params: SamplingParams, trials: int = 12000, widt
     st.draft_len.fill_(width)
     drafts = torch.stack([torch.multinomial(q[i], trials, replacement=True, generator=gen) for i in range(width)], 1)
     drafts = drafts.to(device)
-    counts = torch.zeros(vocab, dtype=torch.int64)
-    firsts = torch.empty(trials, dtype=torch.int64, device=device)
+    emitted = torch.empty(trials, width + 3, dtype=torch.int64, device=device)   # res: tokens, A, shift
     for t in range(trials):
         st.draft.copy_(drafts[t])
         st.offset.fill_(t)
         ep.verify(st, rows)                  # phase 1 only: the state is left as it was
-        firsts[t] = ep.res[0]
-    counts += torch.bincount(firsts.cpu(), minlength=vocab)
-    residual = (p[0] - q[0]).clamp(min=0)
-    return counts, p[0], q[0], residual / residual.sum()
+        emitted[t] = ep.res
+    emitted = emitted.cpu()
+    counts = torch.zeros(width + 1, vocab, dtype=torch.int64)
+    for i in range(width + 1):
+        counts[i] = torch.bincount(emitted[emitted[:, width + 1] > i, i], minlength=vocab)
+    return counts, p, q
+
+
+def check_emitted_tokens_follow_p(device, params: SamplingParams) -> None:
+    """Accepted drafts, corrections and the bonus: the token at each position, where emitted, follows its p;
+    the bonus position is reached in at least 30% of the trials, and the same test tells p from Q and from the
+    residual max(p - Q, 0) at the first position and at the bonus (power against a draw from the wrong one)."""
+    counts, p, q = emitted_counts(device, params)
+    width = q.shape[0]
+    for i in range(width + 1):
+        assert g_test(counts[i], p[i]) > 1e-4, i
+    reached = counts.sum(-1)
+    print(f"bonus emitted in {reached[width] / reached[0]:.0%} of the trials")
+    assert reached[width] >= 0.3 * reached[0]
+    for i, q_i in ((0, q[0]), (width, q[width - 1])):
+        residual = (p[i] - q_i).clamp(min=0)
+        assert g_test(counts[i], q_i) < 1e-6 and g_test(counts[i], residual / residual.sum()) < 1e-6, i

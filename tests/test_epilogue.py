@@ -4,8 +4,9 @@
    in p or Q, full acceptance, rejection at the first position, stop tokens and the length cap inside the
    accepted run, finished states) every schedule step leaves exactly the same DecodeState, bit for bit,
    whether its update runs in torch or in the CPU build; the cases are checked to reach those corners.
-2. The emitted token's distribution: with drafts drawn from the stored Q, the first emitted token
-   follows the target p (G-test), and the same test rejects Q and the residual as targets (power).
+2. The emitted tokens' distribution: with drafts drawn from the stored Q, the token emitted at every
+   position (accepted draft, correction, bonus) follows its target p (G-test), and the same test rejects Q
+   and the residual as targets of the first token and of the bonus (power).
 3. End to end: Engine(epilogue="native") gives the tokens of epilogue="torch" for every schedule,
    greedy and sampled, on a tiny random model.
 4. Selection and errors: the default, the fallback when the module is missing, bad arguments.
@@ -13,8 +14,8 @@
 """
 import pytest
 import torch
-from epilogue_cases import differences, first_token_counts, g_test, make_case
-from tiny_models import checkpoint
+from epilogue_cases import check_emitted_tokens_follow_p, differences, make_case
+from tiny_models import checkpoint, config_eos, mid_output_token
 
 import packed_ss
 import packed_ss.decode.epilogue as epilogue_mod
@@ -88,13 +89,11 @@ def test_philox_matches_reference():
         assert [mod.philox_uniform(seed, offset, i) for i in range(23)] == ref
 
 
-# -- 2. the emitted token follows p ------------------------------------------------------------------------
+# -- 2. every emitted token follows p ------------------------------------------------------------------------
 @needs_native
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=4)], ids=["dense", "top-k"])
-def test_first_emitted_token_follows_p(params):
-    counts, p, q, residual = first_token_counts("cpu", params)
-    assert g_test(counts, p) > 1e-4
-    assert g_test(counts, q) < 1e-6 and g_test(counts, residual) < 1e-6   # the test can tell them apart
+def test_every_emitted_position_follows_p(params):
+    check_emitted_tokens_follow_p("cpu", params)
 
 
 # -- 3. end to end ---------------------------------------------------------------------------------------------
@@ -110,13 +109,18 @@ SAMPLING = [dict(), dict(temperature=1.0, seed=5), dict(temperature=0.8, top_k=1
 @needs_native
 @pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
 @pytest.mark.parametrize("sampling", SAMPLING, ids=["greedy", "T1", "top-k", "top-p"])
-def test_engine_native_matches_torch(model, schedule, sampling):
-    for eos in ([], None):   # no stop token; the config's EOS (95), which this model emits early
-        kwargs = dict(max_new_tokens=40, eos_token_id=eos, **sampling)
-        ref = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="torch").generate(PROMPT, **kwargs)
-        got = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="native").generate(PROMPT, **kwargs)
+def test_engine_native_matches_torch(model, monkeypatch, schedule, sampling):
+    def both(**kwargs):
+        ref = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="torch").generate(PROMPT, 40, **kwargs)
+        got = packed_ss.Engine(model, schedule=schedule, width=4, epilogue="native").generate(PROMPT, 40, **kwargs)
         assert got.tokens == ref.tokens
-        assert (got.nfe, got.n_verify, got.n_accepted) == (ref.nfe, ref.n_verify, ref.n_accepted)
+        assert (got.nfe, got.n_verify, got.n_accepted, got.n_bonus) == (ref.nfe, ref.n_verify, ref.n_accepted,
+                                                                        ref.n_bonus)
+        return ref.tokens
+    free = both(eos_token_id=[], **sampling)                 # no stop token
+    eos = mid_output_token(free)
+    config_eos(monkeypatch, model, eos)
+    assert both(**sampling) == free[: free.index(eos) + 1]   # the config's EOS, reached mid-output
 
 
 @needs_native
@@ -172,7 +176,7 @@ def test_cuda_path_without_gpu_raises_a_clear_error():
     assert not native_available("cuda")
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         NativeEpilogue("cuda", 3, SamplingParams())
-    state = mod.State(*([0] * 16), 3, 1, 0)
+    state = mod.State(*([0] * 17), 3, 1, 0)
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mod.step_cuda(state, 32, mod.PHASE_BOTH, mod.VERIFY_DRAFT, mod.RETAIN_NONE, False, False, 4, 10,
                       1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0)

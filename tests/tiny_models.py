@@ -1,6 +1,7 @@
 """Random-weight checkpoints for tests, written with transformers so that it can serve as the oracle."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import tempfile
 from pathlib import Path
@@ -60,3 +61,13 @@ def hf_greedy(path: Path, prompt: list[int], max_new_tokens: int, eos_token_id=N
                          eos_token_id=eos_token_id, pad_token_id=0, attention_mask=torch.ones(1, len(prompt),
                                                                                               dtype=torch.long))
     return out[0, len(prompt):].tolist()
+
+
+def mid_output_token(tokens: list[int], start: int = 5) -> int:
+    """A token that first appears in `tokens` at index >= start: a stop token the output reaches mid-way."""
+    return next(t for i, t in enumerate(tokens) if i >= start and t not in tokens[:i])
+
+
+def config_eos(monkeypatch, model, eos: int) -> None:
+    """Make `eos` the model config's EOS for the rest of the test (what generate() stops at by default)."""
+    monkeypatch.setattr(model, "cfg", dataclasses.replace(model.cfg, eos_token_ids=(eos,)))

@@ -35,7 +35,8 @@ class DecodeState(DeviceState):
     `draft[:draft_len]` is the current draft, `q_idx`/`q_prob` the sparse distribution each draft token
     was drawn from (unused under greedy decoding). `stop_ids` are one-token stops (padded with -1, which
     no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
-    on the left with -1 (matches anything). The host reads nothing of it but the runtime's poll.
+    on the left with -1 (matches anything). `n_bonus` counts the verifications that accepted a whole non-empty
+draft and appended the bonus token drawn after it. The host reads nothing of it but the runtime's poll.
     """
     cache_len: torch.Tensor
     last: torch.Tensor
@@ -54,6 +55,7 @@ class DecodeState(DeviceState):
     nfe: torch.Tensor
     n_verify: torch.Tensor
     n_accepted: torch.Tensor
+    n_bonus: torch.Tensor
 
     @classmethod
     def new(cls, width: int, support: int, max_new: int, stop_ids, seed: int, device,
@@ -84,7 +86,7 @@ class DecodeState(DeviceState):
             n_out=scalar(0), done=scalar(False, torch.bool), seed=scalar(seed), offset=scalar(0),
             stop_ids=torch.tensor(stop, dtype=torch.int64, device=device),
             stop_seqs=torch.tensor(seqs, dtype=torch.int64, device=device).view(n_seq, seq_len),
-            max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0),
+            max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0),
         )
 
 

@@ -195,14 +195,14 @@ class Runtime:
 
     def _finish(self, program, st, r: "_Running", poll: Poll, slots: int) -> GenerateResult:
         """A finished request's counts and output, read in one fetch (plus the program's extras)."""
-        counts = torch.stack([st.nfe, st.n_verify, st.n_accepted, st.n_out])
+        counts = torch.stack([st.nfe, st.n_verify, st.n_accepted, st.n_bonus, st.n_out])
         output = st.out[: r.request.max_new_tokens]   # a graph batch's buffers are max_seq_len long
-        nfe, n_verify, n_accepted, n_out, *output = poll.fetch(torch.cat([counts, output]))
+        nfe, n_verify, n_accepted, n_bonus, n_out, *output = poll.fetch(torch.cat([counts, output]))
         extras = program.finish(st, poll.fetch) if hasattr(program, "finish") else {}
         # Model time is this request's alone only when it ran alone, eagerly.
         model_s = self.model_s - r.model_s if self.mode == "eager" and slots == 1 else math.nan
         return GenerateResult(output[:n_out], nfe, time.perf_counter() - r.began, model_s, n_verify, n_accepted,
-                              **extras)
+                              n_bonus, **extras)
 
     def _batch(self, program, requests: list[Request], slots: int) -> "_Batch":
         """States, cache and poll for `slots` requests at a time. Eager and compiled loops size them to these

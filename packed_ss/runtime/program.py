@@ -5,8 +5,8 @@ A *program* is a schedule bound to a model, width, sampling parameters and epilo
 plus `block`, the most tokens one iteration can add to the output, `reserve`, the cache slots a call
 may write past the output, and optionally `entry`, the step a request's first iteration starts at. The
 host polls after the last step of every iteration. Its state is a dataclass of device tensors with at
-least `done`, `n_out`, `out` (out[:n_out] is final output), `nfe`, `n_verify`, `n_accepted`, and may have
-`hold` (set by a step when the host must run `program.resume` before the next iteration). Steps are
+least `done`, `n_out`, `out` (out[:n_out] is final output), `nfe`, `n_verify`, `n_accepted`, `n_bonus`, and
+may have `hold` (set by a step when the host must run `program.resume` before the next iteration). Steps are
 fixed-shape, read nothing on the host, and change nothing once the state is done (or held).
 """
 from __future__ import annotations

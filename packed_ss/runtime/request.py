@@ -21,6 +21,7 @@ class GenerateResult:
     model_s: float        # the part of wall_s spent in model calls (nan when compiled or graphed: not separable)
     n_verify: int = 0     # verification calls (speculative schedules)
     n_accepted: int = 0   # draft tokens accepted over all verifications
+    n_bonus: int = 0      # verifications that accepted their whole (non-empty) draft and emitted the bonus token
     iterations: list | None = None   # any-order models: per iteration order, A_t, rows (any_order.Iteration)
 
     @property

@@ -59,7 +59,9 @@ class TorchEpilogue(Epilogue):
         a = emit(st, emitted, n_accept)
         counts = {"nfe": st.nfe + 1}
         if verified:
-            counts.update(n_verify=st.n_verify + 1, n_accepted=st.n_accepted + (a - 1).clamp(min=0))
+            whole = (n_accept == st.draft_len + 1) & (st.draft_len > 0) & (a == n_accept)
+            counts.update(n_verify=st.n_verify + 1, n_accepted=st.n_accepted + (a - 1).clamp(min=0),
+                          n_bonus=st.n_bonus + whole.long())
         st.assign(active, **counts)
         return a, active
 

@@ -115,7 +115,8 @@ class AnyOrderSchedule:
         return z, (prob * (idx == z[:, None])).sum(-1), idx, prob
 
     def verify(self, st: AnyOrderState, logits: torch.Tensor):
-        """(token at each rank, h_t) from the verifier rows M in rank order (lines 7, 9), by the epilogue.
+        """(token at each rank, h_t, kappa_t) from the verifier rows M in rank order (lines 6-7, 9), by the
+        epilogue.
 
         Greedy: the argmax, h = leading ranks whose draft equals it. Sampled: rejection sampling against each
         draft's stored Q up to kappa_t; a rank without a draft is drawn from p. The epilogue verifies W + 1
@@ -129,12 +130,16 @@ class AnyOrderSchedule:
             self.ranked.q_prob.copy_(q_prob)
         rows = self.epilogue.rows(torch.cat([logits, logits[-1:]]))
         emitted, a = self.epilogue.verify(self.ranked, rows, residual=window_size(st))
-        return emitted[:self.width], a - 1
+        return emitted[:self.width], a - 1, kappa
 
-    def accept(self, st: AnyOrderState, active, verified, h) -> torch.Tensor:
+    def accept(self, st: AnyOrderState, active, verified, h, kappa) -> torch.Tensor:
         """Lines 10-13: accept ranks < A_t = min(h_t + 1, u_t); N and the O rows of ranks < h_t stay in the
-        cache (written in place: a cache-length advance), the verifier's own token waits as pending."""
-        a = torch.minimum(h + 1, window_size(st))
+        cache (written in place: a cache-length advance), the verifier's own token waits as pending. Where
+        all kappa_t >= 1 drafts were accepted and the window goes on, that token is a fresh draw from p at
+        rank kappa_t (the bonus, counted in `n_bonus`)."""
+        u = window_size(st)
+        a = torch.minimum(h + 1, u)
+        st.assign(active, n_bonus=st.n_bonus + ((h == kappa) & (kappa > 0) & (h < u)).long())
         commit(st, active, st.rank_pos, verified, self.ranks < a, n_cached=st.n_acc + h)
         return a
 

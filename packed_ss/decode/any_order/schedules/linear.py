@@ -37,7 +37,7 @@ class Linear(AnyOrderSchedule):
         active, p, u = self.active(st), pending(st), window_size(st)
         m = logits[self.width:]
         self.uniforms(st, active)
-        verified, h = self.verify(st, m)
-        a = self.accept(st, active, verified, h)
+        verified, h, kappa = self.verify(st, m)
+        a = self.accept(st, active, verified, h, kappa)
         set_draft(st, active, self.no_tokens, confidence(m, m.argmax(-1)))   # scores for pi_{t+1}, no draft
         self.close(st, active, u, a, h, p, rows=p + 3 * u)

@@ -30,8 +30,8 @@ class Quadratic(AnyOrderSchedule):
     def update(self, st, logits):
         active, p, u = self.active(st), pending(st), window_size(st)
         rand, m, w = self.uniforms(st, active), self.rows.n_anchor, self.width
-        verified, h = self.verify(st, logits[m: m + w])
-        a = self.accept(st, active, verified, h)
+        verified, h, kappa = self.verify(st, logits[m: m + w])
+        a = self.accept(st, active, verified, h, kappa)
         branch = logits.index_select(0, m + w + (a - 1).clamp(min=0) * w + self.ranks)
         set_draft(st, active, *self.propose(branch, rand))
         self.close(st, active, u, a, h, p, rows=p + 2 * u + u * u)

@@ -14,17 +14,25 @@ from .state import Iteration
 
 
 @torch.inference_mode()
-def predict(model, prompt: list[int], context: list[tuple[int, int]], position: int) -> int:
-    """argmax p(x at output `position` | prompt, context in order): causal token rows, then one mask row."""
+def logits_at(model, prompt: list[int], context: list[tuple[int, int]], position: int,
+              drafting: bool = False) -> torch.Tensor:
+    """The logits of p(x at output `position` | prompt, context in order): causal token rows, then one mask
+    row, a verifier row or (`drafting`) a drafting row, to which a drafting adapter applies."""
     n0, device = len(prompt), model.device
     tokens = prompt + [t for _, t in context] + [model.cfg.mask_token_id]
     positions = list(range(n0)) + [n0 + j for j, _ in context] + [n0 + position]
     n = len(tokens) - 1
-    layout = Layout(n, torch.tensor([0] * n + [1], device=device), torch.tensor(list(range(n)) + [n - 1], device=device))
+    layout = Layout(n, torch.tensor([0] * n + [1], device=device), torch.tensor(list(range(n)) + [n - 1], device=device),
+                    n if drafting else None)
     cache = model.new_cache(n + 1)
     logits = model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device), layout, cache,
                    torch.zeros((), dtype=torch.int64, device=device), attend=packed_attention_ref)
-    return int(logits[-1].argmax())
+    return logits[-1]
+
+
+def predict(model, prompt: list[int], context: list[tuple[int, int]], position: int) -> int:
+    """argmax p(x at output `position` | prompt, context in order), the verifier's prediction."""
+    return int(logits_at(model, prompt, context, position).argmax())
 
 
 class Context:

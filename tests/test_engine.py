@@ -1,7 +1,7 @@
 """Engine behaviour: NFE accounting, input validation, state isolation between calls, compiled steps."""
 import pytest
 import torch
-from tiny_models import checkpoint
+from tiny_models import checkpoint, config_eos, mid_output_token
 
 import packed_ss
 
@@ -77,14 +77,15 @@ def test_engine_reuse_leaks_no_state(model, schedule):
     assert engine.generate(PROMPT, **(sampled | {"seed": 8})).tokens != first
 
 
-def test_stop_token_ids_and_default_eos(model):
+def test_stop_token_ids_and_default_eos(model, monkeypatch):
     engine = packed_ss.Engine(model, schedule="packed", width=4)
     ref = engine.generate(PROMPT, max_new_tokens=30, eos_token_id=[]).tokens
-    stop = ref[9]
+    stop = mid_output_token(ref)
     cut = ref[: ref.index(stop) + 1]
+    assert len(cut) < len(ref)
     assert engine.generate(PROMPT, max_new_tokens=30, eos_token_id=[], stop_token_ids=[stop]).tokens == cut
-    default = engine.generate(PROMPT, max_new_tokens=30).tokens       # config EOS = 95
-    assert 95 not in default[:-1] and (default[-1] == 95 or len(default) == 30)
+    config_eos(monkeypatch, model, stop)
+    assert engine.generate(PROMPT, max_new_tokens=30).tokens == cut      # the config's EOS by default
 
 
 @pytest.mark.parametrize("schedule,temperature,backend", [

@@ -1,11 +1,12 @@
-"""Outputs recorded before the decode-core refactor (tests/golden/outputs.json, with the torch epilogue) are
+"""Outputs recorded before a refactor of the decode core (tests/golden/outputs.json, with the torch epilogue) are
 reproduced exactly: tokens, NFE, verification calls and accepted drafts, for every case of
 tests/golden/cases.py, with the torch and with the compiled epilogue.
 
-Re-recorded once, for batched decoding (issue 14): one request's attention became a batch of one, and the
-CPU's SDPA rounds 4-D inputs differently from 3-D ones (max difference 3.9e-7 on a [4, 9, 64] case); one
-sampled case (linear, W = 3, T = 1, seed 7) moved by one token at an inverse-CDF boundary, the other 80
-stayed identical."""
+Recorded with the models in float64, so that a CPU whose kernels round differently cannot flip a token: the
+float32 recording (issue 14) failed on an AVX-512/AMX Xeon in one sampled case (linear, W = 3, T = 1, seed
+7: the 8th token at an inverse-CDF near-tie), which `ATEN_CPU_CAPABILITY=avx2` reproduces on such a machine.
+The float64 recording equals the float32 one in the other 80 cases, and passes on AVX-512 with AMX and under
+ATEN_CPU_CAPABILITY=avx2 / default, MKL_ENABLE_INSTRUCTIONS=AVX2 and 1 or 2 threads."""
 import json
 
 import pytest

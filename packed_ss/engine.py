@@ -21,7 +21,7 @@ from .model.attention import attention_backend
 from .model.dual_mode import DualModeModel
 from .runtime import GenerateResult, Request, Runtime
 from .runtime.program import call_layouts
-from .width import call_cost, choose_width, profile_kind, step_overhead
+from .width import call_cost, choose_width, machine, model_fingerprint, profile_kind, remembered, step_overhead
 
 MAX_WIDTH = 64
 MAX_BATCH = 256
@@ -60,7 +60,10 @@ class Engine:
         maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
         and this device's per-call latency, measured once per process (width.py); at most the model's
         `block_size - 1`. Without a profile: `block_size - 1` where the config declares one (capped at
-        MAX_WIDTH), else 8. `engine.width` is the width in use.
+        MAX_WIDTH), else 8. `engine.width` is the width in use; `engine.width_source` says where it came from
+        ("measured now", "remembered from <time>", a fixed default): a measured choice is stored per machine,
+        install, model and setting (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the
+        same tokens in every process.
         `compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
         torch.compile backend name); `max_seq_len` caps prompt + new tokens (default: the model's).
 
@@ -108,16 +111,29 @@ class Engine:
         self.runtime = Runtime(model, attention_backend(self.backend), mode,
                                "inductor" if compile is True else (compile or "inductor"), self.max_seq_len)
         self._programs: dict[SamplingParams, object] = {}
+        self.width_source = "given"
         self.width = self._auto_width() if auto else width
 
     def _auto_width(self) -> int:
-        """width="auto" (width.py): the profile's best width on this device; the fixed default without one."""
+        """width="auto" (width.py): the profile's best width on this device, measured once per machine and
+        install and remembered; the fixed default without a profile. Sets `width_source`."""
         cfg, profile = self.model.cfg, self.model.draft_profile
         limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
         kind = profile_kind(self.schedule_name, self.any_order)
         if profile is None or kind not in profile:
+            self.width_source = "default (no acceptance profile)"
             return min(limit, DEFAULT_WIDTH) if not cfg.block_size else limit
         widths = range(1, min(limit, profile["width"]) + 1)
+        key = {"model": model_fingerprint(self.model), "device": str(self.model.device),
+               "dtype": str(self.model.dtype), **machine(self.model.device), "schedule": self.schedule_name,
+               "order": self.order, "epilogue": self.epilogue, "backend": self.backend, "mode": self.runtime.mode,
+               "profile": profile[kind][:len(widths)]}
+        entry, measured = remembered(key, lambda: {"width": self._measure_width(profile[kind], widths)})
+        self.width_source = "measured now" if measured else f"remembered from {entry['measured_at']}"
+        return entry["width"]
+
+    def _measure_width(self, tokens: list[float], widths: range) -> int:
+        """The width among `widths` with the most expected tokens (`tokens`, the profile) per measured ms."""
         rows = {w: [lay.rows for lay in call_layouts(self._build(w, SamplingParams(), "torch"))] for w in widths}
         counts = sorted({r for calls in rows.values() for r in calls})
         cost = call_cost(self.model, self.runtime.attend, self.backend,
@@ -127,7 +143,7 @@ class Engine:
             overhead = step_overhead(self._probe_key(), partial(self._probe, probe),
                                      cost.iteration_ms(rows[probe]) / len(rows[probe]))
             cost = dataclasses.replace(cost, tau_ms=cost.tau_ms + overhead)
-        return choose_width(profile[kind][:len(widths)], rows.__getitem__, cost)
+        return choose_width(tokens[:len(widths)], rows.__getitem__, cost)
 
     def _probe_key(self) -> tuple:
         return (id(self.model), str(self.model.device), self.schedule_name, self.order, self.epilogue, self.backend)

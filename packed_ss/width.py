@@ -15,14 +15,26 @@ An iteration of schedule s at width W costs sum over its calls (tau + delta * ro
 tokens(W) / cost(W) over 1..min(Wp, block_size - 1), the smallest on a tie. Without a profile (or for the
 AR and native schedules) the width is the fixed default. The choice is made once per engine, so a step has
 one shape (one compiled graph) per engine.
+
+Timings vary with the moment (a busy machine measured once picked W = 14 where a quiet one picked 3), and a
+width changes which sample a seed gives. So a choice is measured once per machine and install and remembered
+(`remembered`): in `auto_widths.json` under PACKED_SS_CACHE_DIR (default ~/.cache/packed-ss), keyed by the
+model's contents, the device, dtype, thread count, torch and packed-ss versions and every engine setting the
+choice depends on; the file is locked while a choice is measured, so concurrent processes measure once and
+all read the same width.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -30,6 +42,8 @@ import torch
 from .model.attention import Layout
 
 PROFILE_FILE = "draft_profile.json"
+CACHE_ENV = "PACKED_SS_CACHE_DIR"
+CHOICES_FILE = "auto_widths.json"
 PROFILE_KINDS = ("fresh", "lagged", "branch")   # the replays a profile holds; "branch" for any-order models only
 CACHED_TOKENS = 256
 REPS = 5
@@ -128,3 +142,72 @@ def step_overhead(key: tuple, decode: Callable[[int], object], model_ms_per_call
         per_call_ms = 1e3 * (long.wall_s - short.wall_s) / max(long.nfe - short.nfe, 1)
         _overheads[key] = max(per_call_ms - model_ms_per_call, 0.0)
     return _overheads[key]
+
+
+# -- remembering a choice ------------------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "packed-ss")
+
+
+@torch.inference_mode()
+def model_fingerprint(model) -> str:
+    """A digest of the model's config and weights (names, shapes, and the sum and sum of squares of a strided
+    sample of each tensor, read in one transfer): two loads of the same files agree, another model does not."""
+    tensors = model.state_dict()
+    stats = torch.stack([torch.stack([s.sum(), (s * s).sum()]) for s in
+                         (t.detach().reshape(-1)[::max(1, t.numel() // 4096)].double() for t in tensors.values())])
+    digest = hashlib.sha256(repr(model.cfg).encode())
+    digest.update(repr([(name, tuple(t.shape), str(t.dtype)) for name, t in tensors.items()]).encode())
+    digest.update(stats.cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def machine(device: torch.device) -> dict:
+    """What a timing depends on beyond the model and the engine: the processor, threads and installs."""
+    try:
+        installed = version("packed-ss")
+    except PackageNotFoundError:
+        installed = "source"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        cpuinfo = Path("/proc/cpuinfo")
+        lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+        name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                    platform.processor() or platform.machine())
+    return {"processor": name, "host": platform.node(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "packed_ss": installed}
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on `path` (a no-op where fcntl is missing)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def remembered(key: dict, measure: Callable[[], dict]) -> tuple[dict, bool]:
+    """The entry stored for `key` in the choices file, or measure()'s, then stored: (entry, measured now)."""
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    file = directory / CHOICES_FILE
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    with _locked(directory / (CHOICES_FILE + ".lock")):
+        choices = json.loads(file.read_text()) if file.is_file() else {}
+        if name in choices:
+            return choices[name], False
+        entry = {**measure(), "key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        choices[name] = entry
+        tmp = file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(choices, indent=1, sort_keys=True) + "\n")
+        tmp.replace(file)
+        return entry, True

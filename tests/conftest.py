@@ -13,6 +13,12 @@ if not torch.cuda.is_available():
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def fresh_width_choices(tmp_path, monkeypatch):
+    """Every test measures width="auto" afresh (the choices remembered across processes go to its tmp_path)."""
+    monkeypatch.setenv("PACKED_SS_CACHE_DIR", str(tmp_path / "packed-ss-cache"))
+
+
 @pytest.fixture
 def eager_graphs(monkeypatch):
     """Engine(cuda_graph=True) on the CPU: capture returns the iteration itself, the poll reads one late.

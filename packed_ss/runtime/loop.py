@@ -7,11 +7,17 @@ one table per iteration (poll.py). A request that finishes frees its slot, and t
 admitted there (its prefill runs alone): continuous batching. `decode` is a generator: it yields each
 iteration's new tokens per request as the poll delivers them and returns the GenerateResults, so
 `Engine.generate`, `Engine.stream` and `Engine.generate_batch` are the same loop.
+
+Several decodes may run on one runtime at once (generators consumed in turn, threads): each runs on a cache
+of its own (the runtime's shared one when no other decode holds it) and its own batch, and their iterations
+take turns under the runtime's lock, released while a decode yields; a decode closed early releases what it
+held. (Requests of different callers do not share a batch yet.)
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections import deque
 from typing import Callable, Iterator
@@ -35,9 +41,11 @@ class Runtime:
                  max_seq_len: int | None = None):
         self.model, self.attend, self.mode, self.compile_backend = model, attend, mode, compile_backend
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
-        self.model_s = 0.0
+        self.model_s = 0.0                           # model-call time of the last decode (eager)
         self.iterations = self.slot_iterations = 0   # of the last decode, and the sum of its batch sizes
         self._cache: KVCache | None = None
+        self._cache_held = False                      # a running decode holds the shared cache
+        self._lock = threading.RLock()
         self._compiled: dict[int, tuple] = {}         # id(step) -> (step, its compiled call)
         self._batches: dict[tuple, _Batch] = {}       # (id(program), slots) -> persistent batch (graph mode)
 
@@ -45,15 +53,15 @@ class Runtime:
     def forward(self, inp: ModelInput, cache: KVCache) -> torch.Tensor:
         return self.model(inp.tokens, inp.positions, inp.layout, cache, inp.cache_len, attend=self.attend)
 
-    def _timed(self, step: Step, st, cache: KVCache) -> None:
+    def _timed(self, step: Step, st, cache: KVCache, clock: "_Clock") -> None:
         """One request's call (prefill, resume), its model time counted."""
         inp = step.inputs(st)
         t0 = time.perf_counter()
         logits = self.forward(inp, cache)
-        self.model_s += time.perf_counter() - t0
+        clock.model_s += time.perf_counter() - t0
         step.update(st, logits)
 
-    def _call(self, step: Step, states: list, cache: KVCache, timed: bool) -> None:
+    def _call(self, step: Step, states: list, cache: KVCache, clock: "_Clock | None") -> None:
         """One step for a batch: one model call over every slot's rows (a lone state calls unbatched, on its
         own request's cache)."""
         if len(states) == 1:
@@ -62,31 +70,34 @@ class Runtime:
             inputs = [step.inputs(st) for st in states]
             inp = ModelInput(*(torch.stack([getattr(i, f) for i in inputs]) for f in ("tokens", "positions")),
                              inputs[0].layout, torch.stack([i.cache_len for i in inputs]))
-        t0 = time.perf_counter() if timed else 0.0
+        t0 = time.perf_counter() if clock else 0.0
         logits = self.forward(inp, cache)
-        if timed:
-            self.model_s += time.perf_counter() - t0
+        if clock:
+            clock.model_s += time.perf_counter() - t0
         for st, rows in zip(states, [logits] if len(states) == 1 else logits):
             step.update(st, rows)
 
-    def _runner(self, step: Step, states: list, cache: KVCache) -> Callable[[], None]:
+    def _runner(self, step: Step, states: list, cache: KVCache, clock: "_Clock") -> Callable[[], None]:
         """The step as one function: timed eagerly, compiled whole, or plain (to be captured)."""
         if self.mode == "compile":
             if id(step) not in self._compiled:
-                compiled = torch.compile(lambda sts, kv: self._call(step, sts, kv, timed=False), fullgraph=True,
+                compiled = torch.compile(lambda sts, kv: self._call(step, sts, kv, None), fullgraph=True,
                                          backend=self.compile_backend)
                 self._compiled[id(step)] = (step, compiled)
             compiled = self._compiled[id(step)][1]
             return lambda: compiled(states, cache)
-        timed = self.mode == "eager"
+        timed = clock if self.mode == "eager" else None
         return lambda: self._call(step, states, cache, timed)
 
     # -- the cache -------------------------------------------------------------------------------------
-    def cache_for(self, capacity: int, slots: int = 1) -> KVCache:
+    def cache_for(self, capacity: int, slots: int = 1, private: bool = False) -> KVCache:
         """A view of the runtime's cache, [layers, slots, ...], with room for `capacity` slots per request
         (rounded up to CACHE_QUANTUM). The buffer only grows; a shorter request gets a shorter view, so the
-        reference backend's attention cost follows this batch's length, not the longest so far."""
+        reference backend's attention cost follows this batch's length, not the longest so far. `private`: a
+        new buffer of that size (for a decode that runs while another holds the shared one)."""
         capacity = CACHE_QUANTUM * math.ceil(capacity / CACHE_QUANTUM)
+        if private:
+            return self.model.new_cache(capacity, batch=slots)
         cache = self._cache
         if cache is None or cache.capacity < capacity or cache.k.shape[1] < slots:
             grown = max(capacity, cache.capacity if cache else 0), max(slots, cache.k.shape[1] if cache else 0)
@@ -102,23 +113,33 @@ class Runtime:
         once, when its request ends)."""
         if stream and len(requests) > slots:
             raise ValueError("streaming decodes every request in its own slot: slots >= len(requests)")
-        self.model_s = 0.0
-        batch = self._batch(program, requests, min(slots, len(requests)))
-        states, poll = batch.states, batch.poll
+        with self._lock:
+            batch = self._hold(program, requests, min(slots, len(requests)))
+        try:
+            return (yield from self._loop(program, batch, requests, stream, on_finish))
+        finally:
+            with self._lock:
+                self._release(batch)
+
+    def _loop(self, program, batch: "_Batch", requests: list[Request], stream: bool, on_finish):
+        """decode()'s loop on a batch it holds: every section under the lock, which a yield releases."""
+        states, poll, lock = batch.states, batch.poll, self._lock
         batch.size = len(states)
         waiting, results = deque(enumerate(requests)), [None] * len(requests)
         running: list[_Running | None] = [None] * len(states)
         iterations, slot_iterations, limit = 0, 0, sum(r.max_new_tokens + poll.lag + 3 for r in requests)   # >= 1 token per live one
+        began_s = batch.clock.model_s
         caller_mode = torch.is_inference_mode_enabled()
         checked = SyncCheck() if SyncCheck.wanted(self.model.device) else contextlib.nullcontext()
         with torch.inference_mode():
-            poll.reset(states, stream or self.mode == "graph")   # a graph captures one kind of table: streaming
-            for b in range(len(states)):
-                running[b] = self._admit(batch, b, waiting, poll, joining=False)
-            poll.publish(batch.live)
-            poll.issue()
+            with lock:
+                poll.reset(states, stream or self.mode == "graph")   # a graph captures one kind of table: streaming
+                for b in range(len(states)):
+                    running[b] = self._admit(batch, b, waiting, poll, joining=False)
+                poll.publish(batch.live)
+                poll.issue()
             while any(running):
-                with checked:
+                with lock, checked:
                     status = poll.read() if poll.due else None
                     seen = [None if r is None or status is None else r.slot_at(status.seq) for r in running]
                     live = [r is not None and (b is None or not status.done[b]) for r, b in zip(running, seen)]
@@ -136,22 +157,26 @@ class Runtime:
                     if b is None:                               # idle, or admitted after this table
                         continue
                     if status.hold[b] and not status.done[b]:   # rare (any-order truncation; batches of one)
-                        while poll.in_flight:
-                            poll.read()                         # iterations queued behind the hold were no-ops
-                        program.resume(states[slot], lambda inp: self.forward(inp, batch.cache.request(slot)))
-                        poll.publish(batch.live)
-                        poll.issue()
+                        with lock:
+                            while poll.in_flight:
+                                poll.read()                     # iterations queued behind the hold were no-ops
+                            program.resume(states[slot], lambda inp: self.forward(inp, batch.cache.request(slot)))
+                            poll.publish(batch.live)
+                            poll.issue()
                     if stream and status.tokens[b]:
                         with torch.inference_mode(caller_mode):   # the consumer runs in its own mode
                             yield r.index, status.tokens[b]
                     if status.done[b]:
-                        results[r.index] = self._finish(program, states[slot], r, poll, len(states))
+                        with lock:
+                            results[r.index] = self._finish(program, states[slot], r, poll, batch)
+                            running[slot] = self._admit(batch, slot, waiting, poll, joining=True)
                         if on_finish is not None:
                             on_finish(r.index, results[r.index])
-                        running[slot] = self._admit(batch, slot, waiting, poll, joining=True)
                 if not waiting:
-                    self._compact(batch, running, poll)
+                    with lock:
+                        self._compact(batch, running, poll)
         self.iterations, self.slot_iterations = iterations, slot_iterations
+        self.model_s = batch.clock.model_s - began_s
         return results
 
     def _compact(self, batch: "_Batch", running: list, poll: Poll) -> None:
@@ -181,44 +206,65 @@ class Runtime:
             st.done.fill_(True)   # an idle slot: its rows ride along, changing nothing
             return None
         index, request = waiting.popleft()
-        began, model_s = time.perf_counter(), self.model_s
+        began, model_s = time.perf_counter(), batch.clock.model_s
         st.copy_(batch.program.new_state(request, **batch.shape.kwargs()))
         poll.restart(b)
         cache = batch.cache.request(b)
         prompt = torch.tensor(request.prompt, dtype=torch.int64, device=self.model.device)
-        self._timed(batch.program.prefill(prompt), st, cache)
+        self._timed(batch.program.prefill(prompt), st, cache, batch.clock)
         entry = getattr(batch.program, "entry", 0)
         if joining and entry:
             for step in batch.program.steps[entry:]:
-                self._timed(step, st, cache)
+                self._timed(step, st, cache, batch.clock)
         return _Running(index, request, (poll.issued, b), began, model_s)
 
-    def _finish(self, program, st, r: "_Running", poll: Poll, slots: int) -> GenerateResult:
+    def _finish(self, program, st, r: "_Running", poll: Poll, batch: "_Batch") -> GenerateResult:
         """A finished request's counts and output, read in one fetch (plus the program's extras)."""
         counts = torch.stack([st.nfe, st.n_verify, st.n_accepted, st.n_bonus, st.n_out])
         output = st.out[: r.request.max_new_tokens]   # a graph batch's buffers are max_seq_len long
         nfe, n_verify, n_accepted, n_bonus, n_out, *output = poll.fetch(torch.cat([counts, output]))
         extras = program.finish(st, poll.fetch) if hasattr(program, "finish") else {}
         # Model time is this request's alone only when it ran alone, eagerly.
-        model_s = self.model_s - r.model_s if self.mode == "eager" and slots == 1 else math.nan
+        alone = self.mode == "eager" and len(batch.states) == 1
+        model_s = batch.clock.model_s - r.model_s if alone else math.nan
         return GenerateResult(output[:n_out], nfe, time.perf_counter() - r.began, model_s, n_verify, n_accepted,
                               n_bonus, **extras)
 
-    def _batch(self, program, requests: list[Request], slots: int) -> "_Batch":
-        """States, cache and poll for `slots` requests at a time. Eager and compiled loops size them to these
-        requests; the graph loop keeps one persistent batch per (program, slots padded to a power of two: few
-        sizes are captured, the padding slots idle), sized for any request."""
+    def _hold(self, program, requests: list[Request], slots: int) -> "_Batch":
+        """States, cache and poll for `slots` requests at a time, held by one decode until `_release`. Eager and
+        compiled loops size them to these requests; the graph loop keeps one persistent batch per (program,
+        slots padded to a power of two: few sizes are captured, the padding slots idle), sized for any request.
+        While another decode holds the shared cache, the batch gets a cache (and, in graph mode, graphs) of its
+        own."""
+        private = self._cache_held
         if self.mode != "graph":
             capacity = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
-            return _Batch(self, program, slots, _Shape.for_requests(requests, None), self.cache_for(capacity, slots))
-        slots = 1 << (slots - 1).bit_length()
-        key = (id(program), slots)
-        batch = self._batches.get(key)
-        if batch is None or not all(batch.shape.fits(r) for r in requests):
-            shape = _Shape.for_requests(requests, self.max_seq_len)
-            batch = self._batches[key] = _Batch(self, program, slots, shape,
-                                                self.cache_for(self.max_seq_len + program.reserve, slots))
+            cache = self.cache_for(capacity, slots, private)
+            batch = _Batch(self, program, slots, _Shape.for_requests(requests, None), cache)
+        else:
+            slots = 1 << (slots - 1).bit_length()
+            key = (id(program), slots)
+            batch = None if private else self._batches.get(key)
+            if batch is None or not all(batch.shape.fits(r) for r in requests):
+                shape = _Shape.for_requests(requests, self.max_seq_len)
+                cache = self.cache_for(self.max_seq_len + program.reserve, slots, private)
+                batch = _Batch(self, program, slots, shape, cache)
+                if not private:
+                    self._batches[key] = batch
+        batch.shared_cache = not private
+        self._cache_held |= not private
         return batch
+
+    def _release(self, batch: "_Batch") -> None:
+        if batch.shared_cache:
+            self._cache_held = False
+
+
+class _Clock:
+    """Model-call time accumulated by a batch's eager calls."""
+
+    def __init__(self):
+        self.model_s = 0.0
 
 
 class _Running:
@@ -270,6 +316,8 @@ class _Batch:
         shape.out_len = self.states[0].out.numel()   # the program's padding
         self.states += [program.new_state(empty, **shape.kwargs()) for _ in range(slots - 1)]
         self.poll = Poll(runtime.model.device, program.block, slots)
+        self.clock = _Clock()
+        self.shared_cache = True                     # on the runtime's shared cache (set by Runtime._hold)
         self.size = slots                            # the first `size` slots take part in the calls
         self._iterations: dict[int, tuple[Callable[[], None], Callable[[], None]]] = {}
 
@@ -281,7 +329,7 @@ class _Batch:
         """(first, full) iterations over the first `size` slots: every step, then the publish."""
         runtime, states = self.runtime, self.states[:size]
         cache = self.cache.request(0) if size == 1 else KVCache(self.cache.k[:, :size], self.cache.v[:, :size])
-        runners = [runtime._runner(step, states, cache) for step in self.program.steps]
+        runners = [runtime._runner(step, states, cache, self.clock) for step in self.program.steps]
 
         def iteration(runs) -> Callable[[], None]:
             def run_all() -> None:

@@ -9,6 +9,7 @@
 2. The drafting adapter rides along (batched calls apply it to the drafting rows of every request).
 3. At most one host read per iteration for the whole batch (tests/host_reads.py), plus one per request end.
 4. Bad input is refused with a ValueError naming the request, before anything runs.
+5. Compiled steps with a batch that shrinks: a few padded sizes, not a recompile per size.
 (The sampled first tokens of batched requests against the AR distribution, and their independence within a
 batch: tests/test_sampling_exactness.py.)
 """
@@ -184,3 +185,15 @@ def test_stream_batch_yields_each_requests_tokens(request, model, mode):
     assert streamed == [w.tokens for w in want] == [r.tokens for r in results]
     with pytest.raises(ValueError, match="request 1: max_new_tokens"):
         engine.stream_batch(PROMPTS[:2], max_new_tokens=[3, 0])
+
+
+def test_compiled_batch_with_staggered_requests(model):
+    """compile=True with 12 requests of staggered lengths: the batch starts at 16 slots and shrinks through powers
+    of two, so the step compiles for a few sizes (under dynamo's recompile limit with fullgraph=True; every exact
+    size used to recompile until FailOnRecompileLimitHit), and the tokens equal eager decoding's."""
+    torch._dynamo.reset()
+    prompts = [PROMPTS[0][: 1 + i % 5] + [i] for i in range(12)]
+    kwargs = dict(max_new_tokens=[4 + 3 * i for i in range(12)], eos_token_id=[], temperature=1.0, seed=0)
+    eager = packed_ss.Engine(model, "packed", width=3).generate_batch(prompts, **kwargs)
+    compiled = packed_ss.Engine(model, "packed", width=3, compile="aot_eager").generate_batch(prompts, **kwargs)
+    assert [r.tokens for r in compiled] == [r.tokens for r in eager]

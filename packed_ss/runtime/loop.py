@@ -182,10 +182,10 @@ class Runtime:
     def _compact(self, batch: "_Batch", running: list, poll: Poll) -> None:
         """Once nothing waits, finished requests' slots stop riding along: the running requests move to the
         front slots (state and cache copied on the device, at most once per finished request) and the batch
-        shrinks to them (in graph mode to the next power of two, so few sizes are captured). A table already
-        in flight is read with each request's slot at the time it was issued."""
+        shrinks to them (compiled and graph modes: to the next power of two, so few sizes are compiled or
+        captured). A table already in flight is read with each request's slot at the time it was issued."""
         live = [b for b in range(batch.size) if running[b] is not None]
-        size = len(live) if self.mode != "graph" else 1 << max(0, len(live) - 1).bit_length()
+        size = len(live) if self.mode == "eager" else _padded(max(1, len(live)))
         if not live or size >= batch.size:
             return
         for slot, b in enumerate(live):
@@ -237,12 +237,14 @@ class Runtime:
         While another decode holds the shared cache, the batch gets a cache (and, in graph mode, graphs) of its
         own."""
         private = self._cache_held
+        if self.mode == "compile":
+            slots = _padded(slots)      # each batch size compiles the step anew: few sizes
         if self.mode != "graph":
             capacity = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
             cache = self.cache_for(capacity, slots, private)
             batch = _Batch(self, program, slots, _Shape.for_requests(requests, None), cache)
         else:
-            slots = 1 << (slots - 1).bit_length()
+            slots = _padded(slots)
             key = (id(program), slots)
             batch = None if private else self._batches.get(key)
             if batch is None or not all(batch.shape.fits(r) for r in requests):
@@ -258,6 +260,11 @@ class Runtime:
     def _release(self, batch: "_Batch") -> None:
         if batch.shared_cache:
             self._cache_held = False
+
+
+def _padded(slots: int) -> int:
+    """The batch size a compiled or captured step runs at: the next power of two (the padding slots idle)."""
+    return 1 << (slots - 1).bit_length()
 
 
 class _Clock:

@@ -63,3 +63,17 @@ def test_any_order_graph_loop_matches_eager(eager_graphs, schedule, order):
         dict(prompt=PROMPT[:2], max_new_tokens=1, eos_token_id=[]),
         dict(prompt=PROMPT, max_new_tokens=24, eos_token_id=[], stop_sequences=[[20, 21], [7, 7, 7]]),
         *sampled])
+
+
+def test_graph_batch_follows_the_requests(eager_graphs):
+    """Graph mode sizes a batch's cache from its requests (next power of two, at least 256 tokens), not from
+    max_seq_len, and captures a larger batch when a longer request comes; outputs equal eager decoding."""
+    model = packed_ss.load_model(checkpoint("llama-gqa"), dtype=torch.float32)
+    eager = packed_ss.Engine(model, schedule="packed", width=3)
+    graphed = packed_ss.Engine(model, schedule="packed", width=3, max_seq_len=4096)
+    graphed.runtime.mode = "graph"
+    for prompt, new, capacity in ((PROMPT, 20, 256), (list(range(1, 90)) * 3, 60, 512), (PROMPT, 20, 512)):
+        kwargs = dict(max_new_tokens=new, eos_token_id=[], temperature=1.0, seed=1)
+        assert graphed.generate(prompt, **kwargs).tokens == eager.generate(prompt, **kwargs).tokens
+        assert graphed.runtime._cache.capacity == capacity
+    assert len(graphed.runtime._batches) == 1       # the batch on the outgrown buffer was dropped

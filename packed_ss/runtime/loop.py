@@ -221,7 +221,7 @@ class Runtime:
     def _finish(self, program, st, r: "_Running", poll: Poll, batch: "_Batch") -> GenerateResult:
         """A finished request's counts and output, read in one fetch (plus the program's extras)."""
         counts = torch.stack([st.nfe, st.n_verify, st.n_accepted, st.n_bonus, st.n_out])
-        output = st.out[: r.request.max_new_tokens]   # a graph batch's buffers are max_seq_len long
+        output = st.out[: r.request.max_new_tokens]   # a graph batch's buffers fit its longest request
         nfe, n_verify, n_accepted, n_bonus, n_out, *output = poll.fetch(torch.cat([counts, output]))
         extras = program.finish(st, poll.fetch) if hasattr(program, "finish") else {}
         # Model time is this request's alone only when it ran alone, eagerly.
@@ -233,7 +233,9 @@ class Runtime:
     def _hold(self, program, requests: list[Request], slots: int) -> "_Batch":
         """States, cache and poll for `slots` requests at a time, held by one decode until `_release`. Eager and
         compiled loops size them to these requests; the graph loop keeps one persistent batch per (program,
-        slots padded to a power of two: few sizes are captured, the padding slots idle), sized for any request.
+        slots padded to a power of two: few sizes are captured, the padding slots idle), its cache sized for the
+        requests' prompt + new tokens (and the program's reserve) up to the next power of two (at least
+        CACHE_QUANTUM, at most max_seq_len), captured again when a longer request comes.
         While another decode holds the shared cache, the batch gets a cache (and, in graph mode, graphs) of its
         own."""
         private = self._cache_held
@@ -247,11 +249,18 @@ class Runtime:
             slots = _padded(slots)
             key = (id(program), slots)
             batch = None if private else self._batches.get(key)
-            if batch is None or not all(batch.shape.fits(r) for r in requests):
-                shape = _Shape.for_requests(requests, self.max_seq_len)
-                cache = self.cache_for(self.max_seq_len + program.reserve, slots, private)
-                batch = _Batch(self, program, slots, shape, cache)
-                if not private:
+            if batch is None or not all(batch.fits(r) for r in requests):
+                # sized for these requests, rounded up to a power of two (few re-captures as requests grow)
+                need = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
+                capacity = min(self.max_seq_len + program.reserve, _padded(max(CACHE_QUANTUM, need)))
+                tokens = capacity - program.reserve
+                shape = _Shape.for_requests(requests, tokens)
+                cache = self.cache_for(capacity, slots, private)
+                batch = _Batch(self, program, slots, shape, cache, tokens)
+                if not private:   # batches on a buffer the shared cache outgrew would keep it alive: drop them
+                    current = self._cache.k.untyped_storage().data_ptr()
+                    self._batches = {k: b for k, b in self._batches.items()
+                                     if b.cache.k.untyped_storage().data_ptr() == current}
                     self._batches[key] = batch
         batch.shared_cache = not private
         self._cache_held |= not private
@@ -316,8 +325,10 @@ class _Batch:
     """What requests decode on: a state per slot, the batch cache, the poll, and the iteration (every step
     for every slot, then the publish) as one call."""
 
-    def __init__(self, runtime: Runtime, program, slots: int, shape: _Shape, cache: KVCache):
+    def __init__(self, runtime: Runtime, program, slots: int, shape: _Shape, cache: KVCache,
+                 tokens: int | None = None):
         self.runtime, self.program, self.shape, self.cache = runtime, program, shape, cache
+        self.tokens = tokens            # prompt + new tokens a request may have (None: sized for its requests)
         empty = Request([], shape.max_new, 0, [], [])
         self.states = [program.new_state(empty, **shape.kwargs())]
         shape.out_len = self.states[0].out.numel()   # the program's padding
@@ -327,6 +338,9 @@ class _Batch:
         self.shared_cache = True                     # on the runtime's shared cache (set by Runtime._hold)
         self.size = slots                            # the first `size` slots take part in the calls
         self._iterations: dict[int, tuple[Callable[[], None], Callable[[], None]]] = {}
+
+    def fits(self, request: Request) -> bool:
+        return self.shape.fits(request) and len(request.prompt) + request.max_new_tokens <= self.tokens
 
     @property
     def live(self) -> list:

@@ -35,8 +35,9 @@ class DecodeState(DeviceState):
     `draft[:draft_len]` is the current draft, `q_idx`/`q_prob` the sparse distribution each draft token
     was drawn from (unused under greedy decoding). `stop_ids` are one-token stops (padded with -1, which
     no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
-    on the left with -1 (matches anything). `n_bonus` counts the verifications that accepted a whole non-empty
-draft and appended the bonus token drawn after it. The host reads nothing of it but the runtime's poll.
+    on the left with -1 (matches anything). `n_bonus` counts the verifications that accepted a whole
+    non-empty draft and appended the bonus token drawn after it. The host reads nothing of it but the
+    runtime's poll.
     """
     cache_len: torch.Tensor
     last: torch.Tensor

@@ -70,9 +70,9 @@ class Runtime:
             inputs = [step.inputs(st) for st in states]
             inp = ModelInput(*(torch.stack([getattr(i, f) for i in inputs]) for f in ("tokens", "positions")),
                              inputs[0].layout, torch.stack([i.cache_len for i in inputs]))
-        t0 = time.perf_counter() if clock else 0.0
+        t0 = time.perf_counter() if clock is not None else 0.0
         logits = self.forward(inp, cache)
-        if clock:
+        if clock is not None:
             clock.model_s += time.perf_counter() - t0
         for st, rows in zip(states, [logits] if len(states) == 1 else logits):
             step.update(st, rows)
@@ -239,11 +239,11 @@ class Runtime:
         While another decode holds the shared cache, the batch gets a cache (and, in graph mode, graphs) of its
         own."""
         private = self._cache_held
+        need = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
         if self.mode == "compile":
             slots = _padded(slots)      # each batch size compiles the step anew: few sizes
         if self.mode != "graph":
-            capacity = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
-            cache = self.cache_for(capacity, slots, private)
+            cache = self.cache_for(need, slots, private)
             batch = _Batch(self, program, slots, _Shape.for_requests(requests, None), cache)
         else:
             slots = _padded(slots)
@@ -251,7 +251,6 @@ class Runtime:
             batch = None if private else self._batches.get(key)
             if batch is None or not all(batch.fits(r) for r in requests):
                 # sized for these requests, rounded up to a power of two (few re-captures as requests grow)
-                need = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
                 capacity = min(self.max_seq_len + program.reserve, _padded(max(CACHE_QUANTUM, need)))
                 tokens = capacity - program.reserve
                 shape = _Shape.for_requests(requests, tokens)

@@ -118,7 +118,8 @@ class NativeEpilogue(Epilogue):
         # DecodeState.new sizes `out` for max_new + 2B: emit writes B slots past n_out.
         handle = self.mod.State(*(t[n].data_ptr() for n in (
             "cache_len", "last", "draft", "draft_len", "q_idx", "q_prob", "out", "n_out", "done", "seed", "offset",
-            "stop_ids", "max_new", "nfe", "n_verify", "n_accepted", "n_bonus")), w, st.q_idx.shape[1], st.stop_ids.numel())
+            "stop_ids", "max_new", "nfe", "n_verify", "n_accepted", "n_bonus")),
+            w, st.q_idx.shape[1], st.stop_ids.numel())
         self._bound = (st, handle)   # holding st keeps the addresses valid
         return handle
 

@@ -1,9 +1,11 @@
-// CUDA build of the step epilogue: the functions of epilogue.h run in one thread block per sequence.
+// CUDA build of the step epilogue: one call covers the batch, the functions of epilogue.h running in one
+// thread block per request (gridDim.x = batch; block b takes request b through at(..., blockIdx.x)).
 //
-// Every thread of the block walks the same scalar path (the decisions are cheap and identical); the
+// Every thread of a block walks the same scalar path (the decisions are cheap and identical); the
 // vector parts are block-cooperative: lookups of p(d) / Q(d) in sparse rows, densifying a row into the
-// [vocab] workspace, and the inverse-CDF scan. The retained Q rows ([W, K], up to W x vocab entries) are
-// copied by a second, grid-wide kernel that reads the retain shift the first one left in res[B + 1].
+// request's [vocab] workspace row, and the inverse-CDF scan. The retained Q rows ([W, K] per request, up
+// to W x vocab entries) are copied by a second kernel, its grid [blocks, batch] (y = request), each
+// request's blocks reading the retain shift the first kernel left in that request's res[B + 1].
 // Both launch on the caller's stream, allocate nothing and never synchronise: CUDA-graph capturable.
 //
 // The inverse CDF sums in double, like the CPU build, but in parallel chunks (each thread a contiguous
@@ -24,6 +26,7 @@ namespace pss {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int64_t kMaxBatch = 65535;   // gridDim.y of retain_q_kernel
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ double warp_inclusive_sum(double v, int lane) {
@@ -133,29 +136,35 @@ struct Block {
     __syncthreads();
   }
 
-  // the Q rows are copied by retain_q_kernel, after this block, from the shift left in res[B + 1]
+  // the Q rows are copied by retain_q_kernel, after this kernel, from the shift left in res[B + 1]
   template <typename T>
   __device__ void retain_q(const State&, const Step<T>&, int64_t) {}
 };
 
+// Block b steps request b.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) step_kernel(State st, Step<T> s, int32_t phase) {
   Block<kThreads> x;
-  run(st, s, phase, x);
+  const int64_t b = blockIdx.x;
+  run(at(st, b), at(s, b), phase, x);
 }
 
+// The retained Q rows of request blockIdx.y, from the shift step_kernel left in its res row (-1: none).
 template <typename T>
-__global__ void retain_q_kernel(State st, const int64_t* z_idx, const T* z_prob, int64_t z_k, int64_t n_z,
-                                const int64_t* shift_at) {
-  const int64_t shift = *shift_at;
+__global__ void retain_q_kernel(State st_all, Step<T> s_all) {
+  const int64_t b = blockIdx.y;
+  const State st = at(st_all, b);
+  const Step<T> s = at(s_all, b);
+  const int64_t shift = s.res[s.block + 1];
   if (shift < 0) return;
-  const int64_t k = st.support, total = st.width * k;
+  const int64_t* z_idx = s.dense ? nullptr : s.z_idx;   // null: dense Q, no index rows
+  const int64_t k = st.support, total = st.width * k, z_k = s.z_k, n_z = s.n_z;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = e / k, j = e - i * k;
     const int64_t src = imin(shift + i, n_z - 1);
-    if (z_idx) st.q_idx[e] = z_idx[src * z_k + j];   // null: dense Q, no index rows
-    st.q_prob[e] = static_cast<double>(z_prob[src * z_k + j]);
+    if (z_idx) st.q_idx[e] = z_idx[src * z_k + j];
+    st.q_prob[e] = static_cast<double>(s.z_prob[src * z_k + j]);
   }
 }
 
@@ -167,15 +176,17 @@ int report(cudaError_t e, char* err, size_t err_len) {
 
 template <typename T>
 int launch(const State& st, const Step<T>& s, int32_t phase, void* stream, char* err, size_t err_len) {
+  if (st.batch < 1) return 0;   // nothing to launch (a grid of 0 blocks is invalid)
+  if (st.batch > kMaxBatch) return report(cudaErrorInvalidConfiguration, err, err_len);
   const cudaStream_t cs = static_cast<cudaStream_t>(stream);
-  step_kernel<T><<<1, kThreads, 0, cs>>>(st, s, phase);
+  const unsigned n = static_cast<unsigned>(st.batch);
+  step_kernel<T><<<n, kThreads, 0, cs>>>(st, s, phase);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return report(e, err, err_len);
   if (s.sampled && (phase & kPhaseCommit) && s.retain != kRetainNone) {
     const int64_t total = st.width * st.support;
-    const int blocks = static_cast<int>(imax(1, imin((total + 255) / 256, 2048)));
-    const int64_t* z_idx = s.dense ? nullptr : s.z_idx;
-    retain_q_kernel<T><<<blocks, 256, 0, cs>>>(st, z_idx, s.z_prob, s.z_k, s.n_z, s.res + s.block + 1);
+    const unsigned blocks = static_cast<unsigned>(imax(1, imin((total + 255) / 256, 2048)));
+    retain_q_kernel<T><<<dim3(blocks, n), 256, 0, cs>>>(st, s);
     e = cudaGetLastError();
   }
   return report(e, err, err_len);

@@ -1,6 +1,8 @@
-// The per-sequence step epilogue of packed-ss: acceptance, residual / bonus sampling, emit, retain.
+// The step epilogue of packed-ss: acceptance, residual / bonus sampling, emit, retain.
 //
-// One decode step ends with: verify the stored draft against the verifier rows (greedy matching, or
+// One call covers a whole batch of `batch` requests, each stepped exactly as if it were alone: the
+// per-sequence math below sees one request (`at(st, b)` / `at(s, b)` offset every pointer to request b).
+// One request's step ends with: verify the stored draft against the verifier rows (greedy matching, or
 // rejection sampling against the STORED proposal distribution Q), draw the correction (normalised
 // max(p - Q, 0)) or the bonus (p) by inverse CDF, append the accepted tokens with the stop rules
 // (stop token, length cap), advance the cache length, and retain the proposal suffix with its Q as the
@@ -8,20 +10,25 @@
 // (Philox uniforms, inverse_cdf) and schedules/*.py; this file reproduces it bit for bit on the CPU.
 //
 // What the epilogue consumes (the model's lm_head and the logits processing stay in torch):
-//   greedy:  the argmax of every verifier row and every proposal row (int64);
+//   greedy:  the argmax of every verifier row and every proposal row (int64 [batch, rows]);
 //   sampled: the truncated distributions of those rows exactly as sampling.truncated_probs returns
-//            them: sparse (idx [rows, K] int64, prob [rows, K] float32/float64), sorted by decreasing
-//            probability under top-k / top-p; without truncation dense (`Step::dense`: prob [rows, vocab],
-//            idx is the token id and is not passed). The verifier's p is densified internally, one row
-//            at a time, into a [vocab] workspace only where a residual or bonus is drawn.
+//            them: sparse (idx [batch, rows, K] int64, prob [batch, rows, K] float32/float64), sorted by
+//            decreasing probability under top-k / top-p; without truncation dense (`Step::dense`: prob
+//            [batch, rows, vocab], idx is the token id and is not passed). The verifier's p is densified
+//            internally, one row at a time, into a [batch, vocab] workspace (a row per request) only where
+//            a residual or bonus is drawn.
+// Within a request the rows are contiguous; from one request to the next they advance by a row stride
+// (Step::v_stride / z_stride, in rows), so they may be a slice along dim 1 of a bigger [batch, R_total, K].
 // A null index pointer below always means "dense": entry j is token j.
 // What it produces: the updated DecodeState (out, n_out, cache_len, last, done, draft, draft_len,
-// q_idx, q_prob, nfe, n_verify, n_accepted, n_bonus, offset) and `res`: the emitted tokens and A (n_accept).
+// q_idx, q_prob, nfe, n_verify, n_accepted, n_bonus, offset) and `res` [batch, B + 2] (B = W + 1, the
+// block): per request the emitted tokens, A (n_accept) and the retain shift.
 //
-// Everything is written once, as templates over an executor X: `Serial` (here) runs the step on one CPU
-// thread; the CUDA build (epilogue.cu) runs the same functions in one thread block per sequence, every
-// thread taking the same scalar decisions, with block-cooperative versions of the vector parts
-// (lookups, the inverse-CDF scan, densifying a row). Only the executor's leader writes state.
+// Everything is written once, as templates over an executor X: `Serial` (here) runs the requests one
+// after the other on one CPU thread; the CUDA build (epilogue.cu) runs the same functions in one thread
+// block per request (gridDim.x = batch), every thread taking the same scalar decisions, with
+// block-cooperative versions of the vector parts (lookups, the inverse-CDF scan, densifying a row).
+// Only the executor's leader writes state.
 #pragma once
 
 #include <cstdint>
@@ -72,7 +79,8 @@ PSS_HD double philox_uniform(int64_t seed, int64_t offset, int64_t i) {
 }
 
 // ---- the decoder state and one step's inputs, as raw pointers -----------------------------------------
-// DecodeState (state.py), field for field; all on one device.
+// DecodeState (state.py), field for field, batch-major (a leading [batch] dimension, contiguous); all on
+// one device. The shapes below are one request's; request b's row starts b rows further on.
 struct State {
   int64_t* cache_len;
   int64_t* last;
@@ -80,7 +88,7 @@ struct State {
   int64_t* draft_len;
   int64_t* q_idx;       // [width, support] (not read or written when Step::dense)
   double* q_prob;       // [width, support]
-  int64_t* out;         // [>= max_new + block]
+  int64_t* out;         // [out_len], out_len >= max_new + block
   int64_t* n_out;
   bool* done;
   const int64_t* seed;
@@ -94,6 +102,8 @@ struct State {
   int64_t width;     // W
   int64_t support;   // K of the stored Q rows (1 under greedy decoding: unused)
   int64_t n_stop;
+  int64_t batch;     // the requests of one call
+  int64_t out_len;   // out's row length (out.stride(0))
 };
 
 // What the step verifies.
@@ -130,7 +140,54 @@ struct Step {
   T* scratch;           // [vocab] workspace for the dense residual / bonus row (sampled kVerifyDraft)
   int64_t* res;         // [B + 2]: emitted tokens [0, B), A at [B], the retain shift at [B + 1] (-1: none)
   const int64_t* residual_u;  // the correction / bonus draw's uniform index (any-order: u_t); null: W
+  // From one request to the next (the shapes above are one request's): the verifier rows advance by
+  // v_stride rows, the proposal rows by z_stride rows, scratch by vocab, res by B + 2, residual_u by 1.
+  int64_t v_stride;
+  int64_t z_stride;
 };
+
+// ---- one request of a batched call: every pointer offset to request b's row ---------------------------
+template <typename P>
+PSS_HD P* advance(P* p, int64_t n) { return p ? p + n : p; }   // null stays null (dense / absent rows)
+
+PSS_HD State at(const State& st, int64_t b) {
+  State r = st;
+  const int64_t q = st.width * st.support;
+  r.cache_len = advance(st.cache_len, b);
+  r.last = advance(st.last, b);
+  r.draft = advance(st.draft, b * st.width);
+  r.draft_len = advance(st.draft_len, b);
+  r.q_idx = advance(st.q_idx, b * q);
+  r.q_prob = advance(st.q_prob, b * q);
+  r.out = advance(st.out, b * st.out_len);
+  r.n_out = advance(st.n_out, b);
+  r.done = advance(st.done, b);
+  r.seed = advance(st.seed, b);
+  r.offset = advance(st.offset, b);
+  r.stop_ids = advance(st.stop_ids, b * st.n_stop);
+  r.max_new = advance(st.max_new, b);
+  r.nfe = advance(st.nfe, b);
+  r.n_verify = advance(st.n_verify, b);
+  r.n_accepted = advance(st.n_accepted, b);
+  r.n_bonus = advance(st.n_bonus, b);
+  r.batch = 1;
+  return r;
+}
+
+template <typename T>
+PSS_HD Step<T> at(const Step<T>& s, int64_t b) {
+  Step<T> r = s;
+  r.v_arg = advance(s.v_arg, b * s.v_stride);
+  r.v_idx = advance(s.v_idx, b * s.v_stride * s.v_k);
+  r.v_prob = advance(s.v_prob, b * s.v_stride * s.v_k);
+  r.z_arg = advance(s.z_arg, b * s.z_stride);
+  r.z_idx = advance(s.z_idx, b * s.z_stride * s.z_k);
+  r.z_prob = advance(s.z_prob, b * s.z_stride * s.z_k);
+  r.scratch = advance(s.scratch, b * s.vocab);
+  r.res = advance(s.res, b * (s.block + 2));
+  r.residual_u = advance(s.residual_u, b);
+  return r;
+}
 
 // ---- the serial executor (CPU build) ----------------------------------------------------------------
 // Index drawn with probability proportional to w[0..n) by inverse CDF, as sampling.inverse_cdf computes
@@ -339,12 +396,19 @@ PSS_HD void commit(const State& st, const Step<T>& s, X& x) {
   if (q_shift >= 0) x.retain_q(st, s, q_shift);
 }
 
-// One call of the epilogue on one sequence.
+// One call of the epilogue on one sequence (st and s already offset to it by at()).
 template <typename T, typename X>
 PSS_HD void run(const State& st, const Step<T>& s, int32_t phase, X& x) {
   if (phase & kPhaseVerify) verify(st, s, x);
   x.sync();
   if (phase & kPhaseCommit) commit(st, s, x);
+}
+
+// One call on the whole batch, serially (the CPU build): request b, then b + 1, ...
+template <typename T>
+inline void run_serial(const State& st, const Step<T>& s, int32_t phase) {
+  Serial x;
+  for (int64_t b = 0; b < st.batch; ++b) run(at(st, b), at(s, b), phase, x);
 }
 
 }  // namespace pss

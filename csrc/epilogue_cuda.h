@@ -9,9 +9,10 @@
 
 namespace pss {
 
-// Launch one epilogue call (one thread block for the sequence, plus a grid-wide copy of the retained Q
-// rows under sampling) on `stream` (a cudaStream_t; 0 = legacy default). Asynchronous and CUDA-graph
-// capturable: no allocation, no synchronisation. Returns 0, or a CUDA error code with a message in `err`.
+// Launch one epilogue call on the whole batch (one thread block per request, st.batch of them, plus a
+// copy of the retained Q rows under sampling, a [blocks, batch] grid) on `stream` (a cudaStream_t; 0 =
+// legacy default). Asynchronous and CUDA-graph capturable: no allocation, no synchronisation. Returns 0
+// (also for an empty batch, launching nothing), or a CUDA error code with a message in `err`.
 int cuda_step_f32(const State& st, const Step<float>& s, int32_t phase, void* stream, char* err, size_t err_len);
 int cuda_step_f64(const State& st, const Step<double>& s, int32_t phase, void* stream, char* err, size_t err_len);
 

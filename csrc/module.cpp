@@ -1,8 +1,10 @@
 // packed_ss._epilogue: Python binding of the step epilogue (epilogue.h).
 //
-// `step_cpu` runs it on the CPU (the Serial executor); `step_cuda`, compiled in when CMake found a CUDA
-// compiler (HAS_CUDA), launches the kernels of epilogue.cu on the caller's stream. Python hands over raw
-// addresses (torch's data_ptr()); packed_ss/epilogue.py checks dtypes, shapes and devices before calling.
+// One call covers a whole batch of requests (a batch-major DecodeState, rows [batch, R, K]): `step_cpu`
+// runs it on the CPU (the Serial executor, request after request); `step_cuda`, compiled in when CMake
+// found a CUDA compiler (HAS_CUDA), launches the kernels of epilogue.cu on the caller's stream, one thread
+// block per request. Python hands over raw addresses (torch's data_ptr()) and the per-request strides;
+// packed_ss/decode/epilogue/native.py checks dtypes, shapes, strides and devices before calling.
 // No torch headers: the module depends on pybind11 (and, with CUDA, the static CUDA runtime) alone, so
 // it imports without a GPU; a CUDA call without one raises RuntimeError naming the runtime's error.
 #include <pybind11/pybind11.h>
@@ -29,15 +31,17 @@ P* as_ptr(uintptr_t address) {
 State make_state(uintptr_t cache_len, uintptr_t last, uintptr_t draft, uintptr_t draft_len, uintptr_t q_idx,
                  uintptr_t q_prob, uintptr_t out, uintptr_t n_out, uintptr_t done, uintptr_t seed, uintptr_t offset,
                  uintptr_t stop_ids, uintptr_t max_new, uintptr_t nfe, uintptr_t n_verify, uintptr_t n_accepted,
-                 uintptr_t n_bonus, int64_t width, int64_t support, int64_t n_stop) {
+                 uintptr_t n_bonus, int64_t width, int64_t support, int64_t n_stop, int64_t batch, int64_t out_len) {
   if (width < 1 || support < 1 || n_stop < 0) throw std::invalid_argument("State: bad width / support / n_stop");
+  if (batch < 0 || out_len < width + 1) throw std::invalid_argument("State: bad batch / out_len");
   return State{as_ptr<int64_t>(cache_len),     as_ptr<int64_t>(last),       as_ptr<int64_t>(draft),
                as_ptr<int64_t>(draft_len),     as_ptr<int64_t>(q_idx),      as_ptr<double>(q_prob),
                as_ptr<int64_t>(out),           as_ptr<int64_t>(n_out),      as_ptr<bool>(done),
                as_ptr<const int64_t>(seed),    as_ptr<int64_t>(offset),     as_ptr<const int64_t>(stop_ids),
                as_ptr<const int64_t>(max_new), as_ptr<int64_t>(nfe),        as_ptr<int64_t>(n_verify),
                as_ptr<int64_t>(n_accepted),    as_ptr<int64_t>(n_bonus),    width,
-               support,                        n_stop};
+               support,                        n_stop,                      batch,
+               out_len};
 }
 
 struct Args {  // one call's arguments, as Python passes them
@@ -46,9 +50,9 @@ struct Args {  // one call's arguments, as Python passes them
   bool sampled, dense;
   int64_t block, vocab;
   uintptr_t v_arg, v_idx, v_prob;
-  int64_t v_k;
+  int64_t v_k, v_stride;
   uintptr_t z_arg, z_idx, z_prob;
-  int64_t z_k, n_z;
+  int64_t z_k, z_stride, n_z;
   uintptr_t scratch, res, residual_u;
 };
 
@@ -60,18 +64,23 @@ Step<T> make_step(const State& st, const Args& a) {
   if (a.block != st.width + 1) throw std::invalid_argument("epilogue: block must be width + 1");
   if (a.retain < kRetainNone) throw std::invalid_argument("epilogue: bad retain mode");
   if (a.res == 0) throw std::invalid_argument("epilogue: res buffer missing");
+  if (a.v_stride < 0 || a.z_stride < 0) throw std::invalid_argument("epilogue: negative row stride");
   if (a.dense && (!a.sampled || st.support != a.vocab || (a.v_k && a.v_k != a.vocab) || (a.z_k && a.z_k != a.vocab)))
     throw std::invalid_argument("epilogue: dense distributions must span the vocabulary");
   if ((a.phase & kPhaseVerify) && a.verify != kVerifyNone) {
     if (a.sampled ? ((a.v_idx == 0 && !a.dense) || a.v_prob == 0 || a.v_k < 1) : a.v_arg == 0)
       throw std::invalid_argument("epilogue: verifier rows missing");
     if (a.sampled && a.verify == kVerifyDraft && (a.scratch == 0 || a.vocab < 1))
-      throw std::invalid_argument("epilogue: sampled verification needs the [vocab] workspace");
+      throw std::invalid_argument("epilogue: sampled verification needs the [batch, vocab] workspace");
+    if (st.batch > 1 && a.v_stride < (a.verify == kVerifyDraft ? a.block : 1))
+      throw std::invalid_argument("epilogue: the verifier row stride is shorter than one request's rows");
   }
   if ((a.phase & kPhaseCommit) && a.retain != kRetainNone) {
     if (a.n_z < 1) throw std::invalid_argument("epilogue: retain needs proposal rows");
     if (a.sampled ? ((a.z_idx == 0 && !a.dense) || a.z_prob == 0 || a.z_k != st.support) : a.z_arg == 0)
       throw std::invalid_argument("epilogue: proposal rows missing, or their support differs from the state's");
+    if (st.batch > 1 && a.z_stride < a.n_z)
+      throw std::invalid_argument("epilogue: the proposal row stride is shorter than one request's rows");
   }
   return Step<T>{a.verify,
                  a.retain,
@@ -90,22 +99,28 @@ Step<T> make_step(const State& st, const Args& a) {
                  a.n_z,
                  as_ptr<T>(a.scratch),
                  as_ptr<int64_t>(a.res),
-                 as_ptr<const int64_t>(a.residual_u)};
+                 as_ptr<const int64_t>(a.residual_u),
+                 a.v_stride,
+                 a.z_stride};
 }
 
 // Binds `step_<device>(state, prob_bits, phase, verify, retain, sampled, dense, block, vocab, v_arg, v_idx, v_prob,
-// v_k, z_arg, z_idx, z_prob, z_k, n_z, scratch, res, residual_u, stream)`; run(st, step, phase, stream) does the
-// work.
+// v_k, v_stride, z_arg, z_idx, z_prob, z_k, z_stride, n_z, scratch, res, residual_u, stream)`: one call on the
+// state's whole batch; request b's rows start b * v_stride (z_stride) rows in, its scratch row b * vocab
+// entries, its res row b * (block + 2), its residual index at residual_u + b. run(st, step, phase, stream)
+// does the work.
 template <typename Run32, typename Run64>
 void def_step(py::module_& m, const char* name, Run32 run32, Run64 run64) {
   m.def(
       name,
       [run32, run64](const State& st, int32_t prob_bits, int32_t phase, int32_t verify, int64_t retain, bool sampled,
                      bool dense, int64_t block, int64_t vocab, uintptr_t v_arg, uintptr_t v_idx, uintptr_t v_prob,
-                     int64_t v_k, uintptr_t z_arg, uintptr_t z_idx, uintptr_t z_prob, int64_t z_k, int64_t n_z,
-                     uintptr_t scratch, uintptr_t res, uintptr_t residual_u, uintptr_t stream) {
-        const Args a{phase, verify, retain, sampled, dense, block, vocab,   v_arg, v_idx,     v_prob,
-                     v_k,   z_arg,  z_idx,  z_prob,  z_k,   n_z,   scratch, res,   residual_u};
+                     int64_t v_k, int64_t v_stride, uintptr_t z_arg, uintptr_t z_idx, uintptr_t z_prob, int64_t z_k,
+                     int64_t z_stride, int64_t n_z, uintptr_t scratch, uintptr_t res, uintptr_t residual_u,
+                     uintptr_t stream) {
+        const Args a{phase, verify,   retain, sampled, dense,    block, vocab,   v_arg, v_idx,     v_prob,
+                     v_k,   v_stride, z_arg,  z_idx,   z_prob,   z_k,   z_stride, n_z,  scratch,   res,
+                     residual_u};
         if (prob_bits == 32)
           run32(st, make_step<float>(st, a), phase, stream);
         else if (prob_bits == 64)
@@ -113,13 +128,12 @@ void def_step(py::module_& m, const char* name, Run32 run32, Run64 run64) {
         else
           throw std::invalid_argument("epilogue: probabilities must be float32 or float64");
       },
-      "One epilogue call on one sequence (csrc/epilogue.h).");
+      "One epilogue call on a whole batch of sequences (csrc/epilogue.h).");
 }
 
 template <typename T>
 void run_cpu(const State& st, const Step<T>& s, int32_t phase, uintptr_t /*stream*/) {
-  Serial x;
-  run(st, s, phase, x);
+  run_serial(st, s, phase);
 }
 
 #ifdef PSS_WITH_CUDA
@@ -147,11 +161,13 @@ void run_cuda(F launch, const State& st, const Step<T>& s, int32_t phase, uintpt
 
 PYBIND11_MODULE(_epilogue, m) {
   m.doc() = "packed-ss step epilogue: acceptance, residual sampling and state update (csrc/epilogue.h)";
-  py::class_<State>(m, "State", "Raw addresses of a DecodeState's tensors (packed_ss/epilogue.py).")
+  py::class_<State>(m, "State", "Raw addresses of a batch-major DecodeState's tensors (decode/epilogue/native.py).")
       .def(py::init(&make_state))
       .def_readonly("width", &State::width)
       .def_readonly("support", &State::support)
-      .def_readonly("n_stop", &State::n_stop);
+      .def_readonly("n_stop", &State::n_stop)
+      .def_readonly("batch", &State::batch)
+      .def_readonly("out_len", &State::out_len);
   def_step(m, "step_cpu", &run_cpu<float>, &run_cpu<double>);
   m.def("philox_uniform", &philox_uniform, "u[i] of packed_ss.sampling.philox_uniform(seed, offset, n)");
 #ifdef PSS_WITH_CUDA

@@ -55,7 +55,7 @@ class Case:
             step = sched.prefill(torch.zeros(self.prompt_len, dtype=torch.int64, device=device))
         else:
             step = sched.steps[self.step]
-        step.update(st, self.logits.to(device))
+        step.update(st, self.logits[None].to(device))   # a batch of one
         return st
 
 
@@ -186,7 +186,7 @@ def emitted_counts(device, params: SamplingParams, trials: int = 12000, width: i
     p = densify(*truncated_probs(target, params), vocab)
     q = densify(q_idx, q_prob, vocab)
     ep = NativeEpilogue(device, width, params)
-    rows = ep.rows(target.to(device))
+    rows = ep.rows(target[None].to(device))
     st = DecodeState.new(width, params.support(vocab), 10, [], 5, device)
     st.q_idx.copy_(q_idx)
     st.q_prob.copy_(q_prob.double())
@@ -198,7 +198,7 @@ def emitted_counts(device, params: SamplingParams, trials: int = 12000, width: i
         st.draft.copy_(drafts[t])
         st.offset.fill_(t)
         ep.verify(st, rows)                  # phase 1 only: the state is left as it was
-        emitted[t] = ep.res
+        emitted[t] = ep.res[0]
     emitted = emitted.cpu()
     counts = torch.zeros(width + 1, vocab, dtype=torch.int64)
     for i in range(width + 1):

@@ -27,7 +27,7 @@ from tiny_models import checkpoint, hf_model
 
 import packed_ss
 from packed_ss.decode.acceptance import verify_sampled
-from packed_ss.decode.sampling import SamplingParams, densify, inverse_cdf, take, truncated_probs
+from packed_ss.decode.sampling import SamplingParams, densify, inverse_cdf, take_rows, truncated_probs
 
 VOCAB, N = 5, 1500
 PROMPT = [1, 0, 2]
@@ -151,8 +151,9 @@ def residual_from_p(draft, draft_len, q_idx, q_prob, p, u):
     """Broken: after a rejection, draw the correction from p instead of max(p - Q, 0)."""
     emitted, n_accept = verify_sampled(draft, draft_len, q_idx, q_prob, p, u)
     h = n_accept - 1
-    c = inverse_cdf(take(p, h), u[draft.shape[0]])
-    return torch.where((torch.arange(emitted.numel()) == h) & (h < draft_len), c, emitted), n_accept
+    c = inverse_cdf(take_rows(p, h), u[:, draft.shape[1]])
+    at_h = (torch.arange(emitted.shape[1]) == h[:, None]) & (h < draft_len)[:, None]
+    return torch.where(at_h, c[:, None], emitted), n_accept
 
 
 def ignore_stored_q(draft, draft_len, q_idx, q_prob, p, u):
@@ -163,12 +164,12 @@ def ignore_stored_q(draft, draft_len, q_idx, q_prob, p, u):
 def _bonus_from(weights):
     def broken(draft, draft_len, q_idx, q_prob, p, u):
         emitted, n_accept = verify_sampled(draft, draft_len, q_idx, q_prob, p, u)
-        h, w = n_accept - 1, draft.shape[0]
+        h, w = n_accept - 1, draft.shape[1]
         last = (draft_len - 1).clamp(0, w - 1)                   # the last draft's stored Q
-        q_last = densify(take(q_idx, last), take(q_prob, last).to(p.dtype), p.shape[-1])
-        c = inverse_cdf(weights(take(p, h.clamp(max=w)), q_last), u[w])
-        bonus = (torch.arange(emitted.numel()) == h) & (h == draft_len) & (draft_len > 0)
-        return torch.where(bonus, c, emitted), n_accept
+        q_last = densify(take_rows(q_idx, last), take_rows(q_prob, last).to(p.dtype), p.shape[-1])
+        c = inverse_cdf(weights(take_rows(p, h.clamp(max=w)), q_last), u[:, w])
+        bonus = (torch.arange(emitted.shape[1]) == h[:, None]) & ((h == draft_len) & (draft_len > 0))[:, None]
+        return torch.where(bonus, c[:, None], emitted), n_accept
     return broken
 
 

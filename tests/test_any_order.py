@@ -167,7 +167,7 @@ def test_truncation_reprocesses_rows_that_saw_dropped_tokens(trained, schedule):
 
 
 def _state(tokens: dict[int, int], accepted: list[int], n_cached: int, stops) -> AnyOrderState:
-    st = AnyOrderState.new(3, 1, prompt_len=3, max_new=6, seed=0, stops=stops, device="cpu")
+    st = AnyOrderState.new(3, 1, prompt_len=3, max_new=6, seed=0, stops=stops, device="cpu").request()
     for j, t in tokens.items():
         st.out[j] = t
     st.acc_pos[:len(accepted)] = torch.tensor(accepted)

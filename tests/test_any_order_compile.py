@@ -76,7 +76,7 @@ def test_steps_read_nothing_and_freeze_after_done(model, monkeypatch, schedule, 
         pytest.skip("the native decoder is greedy")
     sched = SCHEDULES[schedule](model, 3, params, TorchEpilogue(model.device, 3, params), "ltr")
     st = sched.new_state(Request(PROMPTS[0], 6, 0, [], [(7, 8)]))
-    cache = model.new_cache(64)
+    cache = model.new_cache(64, batch=1)
 
     def run(step):
         step.update(st, model(*step.inputs(st)[:3], cache, step.inputs(st).cache_len, attend=packed_attention_ref))
@@ -106,7 +106,7 @@ def test_states_padded_to_the_graph_loops_shapes_decode_alike(model, schedule):
     for request in requests:
         runs = []
         for st in (sched.new_state(request), persistent.copy_(sched.new_state(request, **shape))):
-            cache = model.new_cache(128)
+            cache = model.new_cache(128, batch=1)
 
             def call(inp, cache=cache):
                 return model(inp.tokens, inp.positions, inp.layout, cache, inp.cache_len, attend=packed_attention_ref)
@@ -117,5 +117,5 @@ def test_states_padded_to_the_graph_loops_shapes_decode_alike(model, schedule):
                     for step in sched.steps:
                         step.update(st, call(step.inputs(st)))
                     sched.resume(st, call)
-            runs.append((st.out[:int(st.n_out)].tolist(), int(st.nfe), st.iterations()))
+            runs.append((st.out[0, :int(st.n_out)].tolist(), int(st.nfe), st.request().iterations()))
         assert runs[0] == runs[1]

@@ -34,6 +34,10 @@ class ScriptedModel:
         return KVCache(torch.zeros(shape), torch.zeros(shape))
 
     def __call__(self, tokens, positions, layout, cache, cache_len, attend=None):
+        """The engine's calls are batches [B, R]: request by request."""
+        return torch.stack([self.one(*request, layout) for request in zip(tokens, positions, cache_len)])
+
+    def one(self, tokens, positions, cache_len, layout):
         rows, n = tokens.numel(), layout.n_anchor
         is_scratch = torch.arange(rows) >= n
         drafter = is_scratch & (tokens == MASK)

@@ -38,9 +38,9 @@ def _acceptance(case) -> int | None:
         return None
     b = case.width + 1
     if case.params.greedy:
-        return int(verify_greedy(st.draft, st.draft_len, case.logits[:b].argmax(-1))[1])
+        return int(verify_greedy(st.draft, st.draft_len, case.logits[None, :b].argmax(-1))[1])
     u = philox_uniform(st.seed, st.offset, 2 * b + 1)
-    p = densify(*truncated_probs(case.logits[:b], case.params), case.vocab)
+    p = densify(*truncated_probs(case.logits[None, :b], case.params), case.vocab)
     return int(verify_sampled(st.draft, st.draft_len, st.q_idx, st.q_prob, p, u)[1])
 
 
@@ -67,7 +67,7 @@ def test_random_steps_match_reference_bit_for_bit():
         seen["reject_first"] += draft_len >= 1 and a_total == 1
         seen["partial"] += 1 < a_total <= draft_len
         if bool(ref.done) and a < a_total:
-            stopped = int(ref.last) in st.stop_ids.tolist()
+            stopped = int(ref.last) in st.stop_ids[0].tolist()
             seen["stop_inside" if stopped else "cap_inside"] += 1
     assert min(seen.values()) >= 20, seen
 
@@ -176,7 +176,7 @@ def test_cuda_path_without_gpu_raises_a_clear_error():
     assert not native_available("cuda")
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         NativeEpilogue("cuda", 3, SamplingParams())
-    state = mod.State(*([0] * 17), 3, 1, 0)
+    state = mod.State(*([0] * 17), 3, 1, 0, 1, 16)   # width, support, stops, batch, output length
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mod.step_cuda(state, 32, mod.PHASE_BOTH, mod.VERIFY_DRAFT, mod.RETAIN_NONE, False, False, 4, 10,
-                      1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0)
+                      1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0)

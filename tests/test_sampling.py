@@ -55,5 +55,5 @@ def test_greedy_verification_counts_the_leading_matches():
     logits = torch.eye(6)[[4, 2, 5, 1, 0]]            # verifier argmax per row: 4 2 5 1 0
     cases = [([4, 2, 5, 1], 4, 5), ([4, 2, 0, 1], 4, 3), ([3, 2, 5, 1], 4, 1), ([4, 2, 5, 1], 2, 3)]
     for draft, draft_len, accepted in cases:
-        emitted, n = verify_greedy(torch.tensor(draft), torch.tensor(draft_len), logits.argmax(-1))
-        assert n.item() == accepted and emitted[:n].tolist() == [4, 2, 5, 1, 0][:accepted]
+        emitted, n = verify_greedy(torch.tensor([draft]), torch.tensor([draft_len]), logits.argmax(-1)[None])
+        assert n.tolist() == [accepted] and emitted[0, :accepted].tolist() == [4, 2, 5, 1, 0][:accepted]

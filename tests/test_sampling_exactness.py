@@ -83,7 +83,7 @@ def test_detects_broken_acceptance(path, monkeypatch, broken, schedule, width, p
 def target_untruncated(self, st, logits):
     """Broken Packed.update: top-k / top-p applied to the drafter's proposals only, the verifier's p untruncated."""
     b = self.block
-    target = TorchEpilogue(self.device, self.width, SamplingParams(self.params.temperature)).rows(logits[:b])
+    target = TorchEpilogue(self.device, self.width, SamplingParams(self.params.temperature)).rows(logits[:, :b])
     self.epilogue.step(st, verify=target, propose=self.epilogue.rows(logits)[b + 1:], retain="a")
 
 

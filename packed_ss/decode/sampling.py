@@ -44,7 +44,7 @@ def philox4x32(c0, c1, c2, c3, k0, k1) -> torch.Tensor:
     even, odd = torch.stack([c0, c2]), torch.stack([c1, c3])
     mult, bump = (t.view(2, *([1] * c0.dim())) for t in _philox_constants(c0.device))
     a_lo, a_hi = mult & 0xFFFF, mult >> 16
-    key = torch.stack([k0, k1]).view(2, *([1] * c0.dim()))
+    key = torch.stack([k0.expand_as(c0), k1.expand_as(c0)])
     for _ in range(10):
         hi, lo = _mulhilo(a_lo, a_hi, even)
         # (c0, c1, c2, c3) <- (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0)
@@ -55,15 +55,17 @@ def philox4x32(c0, c1, c2, c3, k0, k1) -> torch.Tensor:
 
 
 def philox_uniform(seed: torch.Tensor, offset: torch.Tensor, n: int, dtype=torch.float64) -> torch.Tensor:
-    """n uniforms in [0, 1) from Philox4x32-10: key = seed, counter = (block i, offset lo, offset hi, 0).
+    """n uniforms in [0, 1) per key from Philox4x32-10: key = seed, counter = (block i, offset lo, offset hi, 0).
 
-    `seed` and `offset` are int64 device tensors (the CUDA-graph-safe pattern); the same (seed, offset)
-    always gives the same numbers on any device, and distinct offsets never share a counter.
+    `seed` and `offset` are int64 device tensors of one shape [...] (a request's, or a batch's [B]: the
+    CUDA-graph-safe pattern); returns [..., n]. The same (seed, offset) always gives the same numbers on any
+    device and in any batch, and distinct offsets never share a counter.
     """
-    i = torch.arange((n + 3) // 4, device=offset.device)
+    i = torch.arange((n + 3) // 4, device=offset.device).expand(*offset.shape, -1)
+    seed, offset = seed[..., None], offset[..., None]
     bits = philox4x32(i, (offset & _M32).expand_as(i), ((offset >> 32) & _M32).expand_as(i),
                       torch.zeros_like(i), seed & _M32, (seed >> 32) & _M32)
-    return (bits.reshape(-1)[:n] >> 8).to(dtype) * (1.0 / (1 << 24))
+    return (bits.flatten(-2)[..., :n] >> 8).to(dtype) * (1.0 / (1 << 24))
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,9 @@ def truncated_probs(logits: torch.Tensor, params: SamplingParams):
     return idx, prob
 
 
-def take(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-    """t[i] for a 0-d index tensor, without turning the index into a host integer (compile-safe)."""
-    return t.index_select(0, i.reshape(1)).squeeze(0)
+def take_rows(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """t[b, i[b]] for every request b of t [B, R, K] and i [B], without a host read (compile-safe)."""
+    return t.gather(1, i[:, None, None].expand(-1, 1, t.shape[2]))[:, 0]
 
 
 def densify(idx: torch.Tensor, prob: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -5,14 +5,18 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .sampling import take
 
 
 class DeviceState:
-    """A dataclass of device tensors that steps update in place (both orders' states are one)."""
+    """A dataclass of device tensors that steps update in place, each with a leading batch dimension: one row
+    per request of a batch (both orders' states are one)."""
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def batch(self) -> int:
+        return self.done.shape[0]
 
     def copy_(self, other):
         """Overwrite every field in place (same shapes): a persistent state keeps its addresses."""
@@ -20,20 +24,46 @@ class DeviceState:
             getattr(self, name).copy_(value)
         return self
 
+    def rows(self, begin: int, end: int):
+        """Requests begin..end-1 as a state of views: what a step does to it, it does to this state."""
+        return type(self)(**{name: t[begin:end] for name, t in self.tensors().items()})
+
+    def slot(self, b: int):
+        """Request b as a batch of one (views)."""
+        return self.rows(b, b + 1)
+
+    def request(self):
+        """A batch of one's request, its fields without the batch dimension (views)."""
+        if self.batch != 1:
+            raise ValueError(f"request() needs a batch of one, not {self.batch}")
+        return type(self)(**{name: t[0] for name, t in self.tensors().items()})
+
+    def move(self, src: int, dst: int) -> None:
+        """Request `src`'s row continues in row `dst` (device copies)."""
+        for t in self.tensors().values():
+            t[dst].copy_(t[src])
+
+    @classmethod
+    def cat(cls, states: list):
+        """One batch of the states' requests, in order (new tensors)."""
+        return cls(**{name: torch.cat([st.tensors()[name] for st in states]) for name in states[0].tensors()})
+
     def assign(self, active: torch.Tensor, **values: torch.Tensor) -> None:
-        """In-place update of the named fields, only where `active` (a finished state stays put)."""
+        """In-place update of the named fields, only in the rows where `active` [B] (a finished request stays
+        put; a request's own state takes a 0-d `active`)."""
         for name, value in values.items():
             t = getattr(self, name)
-            t.copy_(torch.where(active, value if value.dtype == t.dtype else value.to(t.dtype), t))
+            where = active.view(active.shape + (1,) * (t.dim() - active.dim()))
+            t.copy_(torch.where(where, value if value.dtype == t.dtype else value.to(t.dtype), t))
 
 
 @dataclass
 class DecodeState(DeviceState):
-    """Everything an iteration reads or writes, as tensors on the model's device.
+    """Everything an iteration reads or writes, as tensors on the model's device, one row per request.
 
-    The cache holds the verified prefix except its last token `last`; `out[:n_out]` is the output.
+    Per request (the shapes below follow the batch dimension [B]): the cache holds the verified prefix except its last token `last`; `out[:n_out]` is the output.
     `draft[:draft_len]` is the current draft, `q_idx`/`q_prob` the sparse distribution each draft token
-    was drawn from (unused under greedy decoding). `stop_ids` are one-token stops (padded with -1, which
+    was drawn from (unused under greedy decoding). `stop_ids` [S] are one-token stops (padded with -1, which
     no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
     on the left with -1 (matches anything). `n_bonus` counts the verifications that accepted a whole
     non-empty draft and appended the bonus token drawn after it. The host reads nothing of it but the
@@ -62,11 +92,14 @@ class DecodeState(DeviceState):
     def new(cls, width: int, support: int, max_new: int, stop_ids, seed: int, device,
             out_len: int | None = None, stop_slots: int | None = None, stop_sequences=(),
             sequence_slots: tuple[int, int] | None = None) -> "DecodeState":
-        """A fresh state. `out_len`, `stop_slots` and `sequence_slots` (count, length) fix the output buffer
-        length and the stop tables' shapes (padded with -1), so that states of different requests share
-        shapes (the CUDA-graph loop reuses one)."""
+        """A fresh state for one request (a batch of one). `out_len`, `stop_slots` and `sequence_slots`
+        (count, length) fix the output buffer length and the stop tables' shapes (padded with -1), so that
+        states of different requests share shapes and stack into a batch (`DeviceState.cat`)."""
         def scalar(v, dtype=torch.int64):
-            return torch.tensor(v, dtype=dtype, device=device)
+            return torch.tensor([v], dtype=dtype, device=device)
+
+        def row(t: torch.Tensor) -> torch.Tensor:
+            return t[None]
         stop = sorted(stop_ids)
         if stop_slots is not None:
             if len(stop) > stop_slots:
@@ -80,62 +113,67 @@ class DecodeState(DeviceState):
         out_len = max(out_len or 0, max_new + 2 * (width + 1))
         return cls(
             cache_len=scalar(0), last=scalar(0),
-            draft=torch.zeros(width, dtype=torch.int64, device=device), draft_len=scalar(0),
-            q_idx=torch.zeros(width, support, dtype=torch.int64, device=device),
-            q_prob=torch.zeros(width, support, dtype=torch.float64, device=device),
-            out=torch.zeros(out_len, dtype=torch.int64, device=device),
+            draft=torch.zeros(1, width, dtype=torch.int64, device=device), draft_len=scalar(0),
+            q_idx=torch.zeros(1, width, support, dtype=torch.int64, device=device),
+            q_prob=torch.zeros(1, width, support, dtype=torch.float64, device=device),
+            out=torch.zeros(1, out_len, dtype=torch.int64, device=device),
             n_out=scalar(0), done=scalar(False, torch.bool), seed=scalar(seed), offset=scalar(0),
-            stop_ids=torch.tensor(stop, dtype=torch.int64, device=device),
-            stop_seqs=torch.tensor(seqs, dtype=torch.int64, device=device).view(n_seq, seq_len),
+            stop_ids=row(torch.tensor(stop, dtype=torch.int64, device=device)),
+            stop_seqs=torch.tensor(seqs, dtype=torch.int64, device=device).view(1, n_seq, seq_len),
             max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0),
         )
 
 
 
 def emit(st: DecodeState, emitted: torch.Tensor, n_accept: torch.Tensor) -> torch.Tensor:
-    """Append the first `n_accept` tokens of `emitted`, cut at the first stop token or the length cap.
+    """Append each request's first `n_accept` [B] tokens of `emitted` [B, n], cut at the first stop token or
+    the length cap.
 
     Advances the output, the cache length (verifier K/V were written in place, so committing is a
-    length update) and `last`; sets `done`. Returns the number of tokens actually appended (0 if done).
+    length update) and `last`; sets `done`. Returns the number of tokens actually appended [B] (0 if done).
     """
     active = ~st.done
-    n = emitted.shape[0]
+    n = emitted.shape[1]
     idx = torch.arange(n, device=emitted.device)
-    is_stop = (emitted[:, None] == st.stop_ids[None, :]).any(-1) & (idx < n_accept)
-    first_stop = torch.where(is_stop.any(), is_stop.long().argmax() + 1, n + 1)
+    is_stop = (emitted[:, :, None] == st.stop_ids[:, None, :]).any(-1) & (idx < n_accept[:, None])
+    first_stop = torch.where(is_stop.any(1), is_stop.long().argmax(1) + 1, n + 1)
     a = torch.minimum(torch.minimum(n_accept, st.max_new - st.n_out), first_stop)
     a = torch.where(active, a, torch.zeros_like(a))
-    st.out.index_copy_(0, st.n_out + idx, torch.where(active, emitted, st.out[st.n_out + idx]))
+    at = st.n_out[:, None] + idx
+    st.out.scatter_(1, at, torch.where(active[:, None], emitted, st.out.gather(1, at)))
     n_out = st.n_out + a
     st.assign(active, n_out=n_out, cache_len=st.cache_len + a,
-              last=take(emitted, (a - 1).clamp(min=0)),
+              last=emitted.gather(1, (a - 1).clamp(min=0)[:, None])[:, 0],
               done=(n_out >= st.max_new) | (first_stop <= a))
     return a
 
 
 def stop_at_sequences(st: DecodeState, start: torch.Tensor) -> None:
-    """End the output at the first stop sequence completed by the tokens out[start:n_out] just emitted.
+    """End each output at the first stop sequence completed by the tokens out[start:n_out] just emitted.
 
     A sequence may begin in earlier output (never in the prompt); the output keeps it whole and drops
     what follows (the same rule as the any-order decoder's, paper E.2). Fixed shape: the candidate ends
     are the B = W+1 slots from `start`, the most one call emits."""
-    seqs = st.stop_seqs
-    n_seq, length = seqs.shape
-    ends = start + torch.arange(st.draft.shape[0] + 1, device=seqs.device)                 # [B]
-    at = ends[:, None] - (length - 1) + torch.arange(length, device=seqs.device)           # [B, L]
-    tokens = st.out.index_select(0, at.clamp(min=0).flatten()).view_as(at)
-    match = (seqs[None] == -1) | ((tokens[:, None, :] == seqs[None]) & (at[:, None, :] >= 0))  # [B, S, L]
-    hit = match.all(-1).any(-1) & (ends < st.n_out)
-    first_end = torch.where(hit, ends, st.out.numel()).amin()
+    seqs = st.stop_seqs                                                                          # [N, S, L]
+    length = seqs.shape[2]
+    ends = start[:, None] + torch.arange(st.draft.shape[1] + 1, device=seqs.device)              # [N, B]
+    at = ends[:, :, None] - (length - 1) + torch.arange(length, device=seqs.device)              # [N, B, L]
+    tokens = st.out.gather(1, at.clamp(min=0).flatten(1)).view_as(at)
+    match = (seqs[:, None] == -1) | ((tokens[:, :, None] == seqs[:, None]) & (at[:, :, None] >= 0))  # [N, B, S, L]
+    hit = match.all(-1).any(-1) & (ends < st.n_out[:, None])
+    first_end = torch.where(hit, ends, st.out.shape[1]).amin(1)
     st.n_out.copy_(torch.minimum(st.n_out, first_end + 1))
-    st.done.logical_or_(hit.any())
+    st.done.logical_or_(hit.any(1))
 
 
 def retain(st: DecodeState, z, z_idx, z_prob, a: torch.Tensor, active: torch.Tensor) -> None:
-    """Next draft = proposals z[a:] (paper Alg. 1 line 10 / Alg. 2 line 12), with their stored Q."""
-    width, n_z = st.draft.shape[0], z.shape[0]
-    src = (a + torch.arange(width, device=z.device)).clamp(max=n_z - 1)
-    values = {"draft": z[src], "draft_len": (n_z - a).clamp(0, width)}
+    """Next draft = proposals z[a:] (paper Alg. 1 line 10 / Alg. 2 line 12), with their stored Q.
+
+    z [B, n_z] with, when sampled, the sparse Q rows z_idx / z_prob [B, n_z, K]; a [B]: the emitted counts."""
+    width, n_z = st.draft.shape[1], z.shape[1]
+    src = (a[:, None] + torch.arange(width, device=z.device)).clamp(max=n_z - 1)               # [B, W]
+    values = {"draft": z.gather(1, src), "draft_len": (n_z - a).clamp(0, width)}
     if z_idx is not None:
-        values.update(q_idx=z_idx[src], q_prob=z_prob[src])
+        rows = src[:, :, None].expand(-1, -1, z_idx.shape[2])
+        values.update(q_idx=z_idx.gather(1, rows), q_prob=z_prob.gather(1, rows))
     st.assign(active, **values)

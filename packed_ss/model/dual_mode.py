@@ -95,7 +95,7 @@ class Backbone(nn.Module):
 @dataclass
 class KVCache:
     """Per-layer keys and values: [layers, kv_heads, capacity, head_dim] each for one request, [layers, batch,
-    kv_heads, capacity, head_dim] for a batch (`request(b)` is request b's, a view)."""
+    kv_heads, capacity, head_dim] for a batch (`rows(b, e)`: requests b..e-1 of it, views)."""
     k: torch.Tensor
     v: torch.Tensor
 
@@ -103,8 +103,8 @@ class KVCache:
     def capacity(self) -> int:
         return self.k.shape[-2]
 
-    def request(self, b: int) -> "KVCache":
-        return KVCache(self.k[:, b], self.v[:, b])
+    def rows(self, begin: int, end: int) -> "KVCache":
+        return KVCache(self.k[:, begin:end], self.v[:, begin:end])
 
 
 class DualModeModel(nn.Module):

@@ -1,6 +1,10 @@
 """The decode loop both orders share: requests in a batch of slots, each a prefill call, then the program's
 iterations, one model call per step for the whole batch, until the poll says every request is done.
 
+The batch is one state (decode/state.py: every field has a leading batch dimension, a row per slot), so a
+step is one batched input, one model call and one batched update whatever the batch size; a request's
+prefill, its admission and its result work on its row (`state.slot(b)`, views).
+
 Every iteration runs the program's steps (eagerly, compiled with torch.compile(fullgraph=True), or replayed
 from a CUDA graph), publishes the status table on the device and queues its copy to the host; the host reads
 one table per iteration (poll.py). A request that finishes frees its slot, and the next waiting request is
@@ -53,41 +57,28 @@ class Runtime:
     def forward(self, inp: ModelInput, cache: KVCache) -> torch.Tensor:
         return self.model(inp.tokens, inp.positions, inp.layout, cache, inp.cache_len, attend=self.attend)
 
-    def _timed(self, step: Step, st, cache: KVCache, clock: "_Clock") -> None:
-        """One request's call (prefill, resume), its model time counted."""
+    def _call(self, step: Step, st, cache: KVCache, clock: "_Clock | None") -> None:
+        """One step for a batch `st` (the batch's state, or one request's row of it: a batch of one): one model
+        call over every request's rows [B, R], one update from its logits [B, R, V]; model time counted on
+        `clock` when given."""
         inp = step.inputs(st)
-        t0 = time.perf_counter()
-        logits = self.forward(inp, cache)
-        clock.model_s += time.perf_counter() - t0
-        step.update(st, logits)
-
-    def _call(self, step: Step, states: list, cache: KVCache, clock: "_Clock | None") -> None:
-        """One step for a batch: one model call over every slot's rows (a lone state calls unbatched, on its
-        own request's cache)."""
-        if len(states) == 1:
-            inp = step.inputs(states[0])
-        else:
-            inputs = [step.inputs(st) for st in states]
-            inp = ModelInput(*(torch.stack([getattr(i, f) for i in inputs]) for f in ("tokens", "positions")),
-                             inputs[0].layout, torch.stack([i.cache_len for i in inputs]))
         t0 = time.perf_counter() if clock is not None else 0.0
         logits = self.forward(inp, cache)
         if clock is not None:
             clock.model_s += time.perf_counter() - t0
-        for st, rows in zip(states, [logits] if len(states) == 1 else logits):
-            step.update(st, rows)
+        step.update(st, logits)
 
-    def _runner(self, step: Step, states: list, cache: KVCache, clock: "_Clock") -> Callable[[], None]:
+    def _runner(self, step: Step, st, cache: KVCache, clock: "_Clock") -> Callable[[], None]:
         """The step as one function: timed eagerly, compiled whole, or plain (to be captured)."""
         if self.mode == "compile":
             if id(step) not in self._compiled:
-                compiled = torch.compile(lambda sts, kv: self._call(step, sts, kv, None), fullgraph=True,
+                compiled = torch.compile(lambda state, kv: self._call(step, state, kv, None), fullgraph=True,
                                          backend=self.compile_backend)
                 self._compiled[id(step)] = (step, compiled)
             compiled = self._compiled[id(step)][1]
-            return lambda: compiled(states, cache)
+            return lambda: compiled(st, cache)
         timed = clock if self.mode == "eager" else None
-        return lambda: self._call(step, states, cache, timed)
+        return lambda: self._call(step, st, cache, timed)
 
     # -- the cache -------------------------------------------------------------------------------------
     def cache_for(self, capacity: int, slots: int = 1, private: bool = False) -> KVCache:
@@ -123,18 +114,18 @@ class Runtime:
 
     def _loop(self, program, batch: "_Batch", requests: list[Request], stream: bool, on_finish):
         """decode()'s loop on a batch it holds: every section under the lock, which a yield releases."""
-        states, poll, lock = batch.states, batch.poll, self._lock
-        batch.size = len(states)
+        poll, lock = batch.poll, self._lock
+        batch.size = batch.state.batch
         waiting, results = deque(enumerate(requests)), [None] * len(requests)
-        running: list[_Running | None] = [None] * len(states)
+        running: list[_Running | None] = [None] * batch.size
         iterations, slot_iterations, limit = 0, 0, sum(r.max_new_tokens + poll.lag + 3 for r in requests)   # >= 1 token per live one
         began_s = batch.clock.model_s
         caller_mode = torch.is_inference_mode_enabled()
         checked = SyncCheck() if SyncCheck.wanted(self.model.device) else contextlib.nullcontext()
         with torch.inference_mode():
             with lock:
-                poll.reset(states, stream or self.mode == "graph")   # a graph captures one kind of table: streaming
-                for b in range(len(states)):
+                poll.reset(batch.state, stream or self.mode == "graph")   # a graph captures one kind of table: streaming
+                for b in range(batch.size):
                     running[b] = self._admit(batch, b, waiting, poll, joining=False)
                 poll.publish(batch.live)
                 poll.issue()
@@ -160,7 +151,8 @@ class Runtime:
                         with lock:
                             while poll.in_flight:
                                 poll.read()                     # iterations queued behind the hold were no-ops
-                            program.resume(states[slot], lambda inp: self.forward(inp, batch.cache.request(slot)))
+                            program.resume(batch.state.slot(slot),
+                                           lambda inp: self.forward(inp, batch.cache.rows(slot, slot + 1)))
                             poll.publish(batch.live)
                             poll.issue()
                     if stream and status.tokens[b]:
@@ -168,7 +160,7 @@ class Runtime:
                             yield r.index, status.tokens[b]
                     if status.done[b]:
                         with lock:
-                            results[r.index] = self._finish(program, states[slot], r, poll, batch)
+                            results[r.index] = self._finish(program, batch.state.slot(slot), r, poll, batch)
                             running[slot] = self._admit(batch, slot, waiting, poll, joining=True)
                         if on_finish is not None:
                             on_finish(r.index, results[r.index])
@@ -201,7 +193,7 @@ class Runtime:
         iteration starts later than its others (`entry`, Linear-SS) runs that iteration alone too when the
         request joins a batch already running; any other joins the batch's next iteration. None when none
         waits."""
-        st = batch.states[b]
+        st = batch.state.slot(b)
         if not waiting:
             st.done.fill_(True)   # an idle slot: its rows ride along, changing nothing
             return None
@@ -209,23 +201,23 @@ class Runtime:
         began, model_s = time.perf_counter(), batch.clock.model_s
         st.copy_(batch.program.new_state(request, **batch.shape.kwargs()))
         poll.restart(b)
-        cache = batch.cache.request(b)
+        cache = batch.cache.rows(b, b + 1)
         prompt = torch.tensor(request.prompt, dtype=torch.int64, device=self.model.device)
-        self._timed(batch.program.prefill(prompt), st, cache, batch.clock)
+        self._call(batch.program.prefill(prompt), st, cache, batch.clock)
         entry = getattr(batch.program, "entry", 0)
         if joining and entry:
             for step in batch.program.steps[entry:]:
-                self._timed(step, st, cache, batch.clock)
+                self._call(step, st, cache, batch.clock)
         return _Running(index, request, (poll.issued, b), began, model_s)
 
     def _finish(self, program, st, r: "_Running", poll: Poll, batch: "_Batch") -> GenerateResult:
-        """A finished request's counts and output, read in one fetch (plus the program's extras)."""
-        counts = torch.stack([st.nfe, st.n_verify, st.n_accepted, st.n_bonus, st.n_out])
-        output = st.out[: r.request.max_new_tokens]   # a graph batch's buffers fit its longest request
+        """A finished request's counts and output (`st`: its row), read in one fetch (plus the program's extras)."""
+        counts = torch.cat([st.nfe, st.n_verify, st.n_accepted, st.n_bonus, st.n_out])
+        output = st.out[0, : r.request.max_new_tokens]   # a graph batch's buffers fit its longest request
         nfe, n_verify, n_accepted, n_bonus, n_out, *output = poll.fetch(torch.cat([counts, output]))
         extras = program.finish(st, poll.fetch) if hasattr(program, "finish") else {}
         # Model time is this request's alone only when it ran alone, eagerly.
-        alone = self.mode == "eager" and len(batch.states) == 1
+        alone = self.mode == "eager" and batch.state.batch == 1
         model_s = batch.clock.model_s - r.model_s if alone else math.nan
         return GenerateResult(output[:n_out], nfe, time.perf_counter() - r.began, model_s, n_verify, n_accepted,
                               n_bonus, **extras)
@@ -321,17 +313,16 @@ class _Shape:
 
 
 class _Batch:
-    """What requests decode on: a state per slot, the batch cache, the poll, and the iteration (every step
-    for every slot, then the publish) as one call."""
+    """What requests decode on: the batch's state (a row per slot), the batch cache, the poll, and the
+    iteration (every step for the first `size` slots, then the publish) as one call."""
 
     def __init__(self, runtime: Runtime, program, slots: int, shape: _Shape, cache: KVCache,
                  tokens: int | None = None):
         self.runtime, self.program, self.shape, self.cache = runtime, program, shape, cache
         self.tokens = tokens            # prompt + new tokens a request may have (None: sized for its requests)
-        empty = Request([], shape.max_new, 0, [], [])
-        self.states = [program.new_state(empty, **shape.kwargs())]
-        shape.out_len = self.states[0].out.numel()   # the program's padding
-        self.states += [program.new_state(empty, **shape.kwargs()) for _ in range(slots - 1)]
+        one = program.new_state(Request([], shape.max_new, 0, [], []), **shape.kwargs())
+        shape.out_len = one.out.shape[1]             # the program's padding
+        self.state = type(one).cat([one] * slots)
         self.poll = Poll(runtime.model.device, program.block, slots)
         self.clock = _Clock()
         self.shared_cache = True                     # on the runtime's shared cache (set by Runtime._hold)
@@ -342,20 +333,21 @@ class _Batch:
         return self.shape.fits(request) and len(request.prompt) + request.max_new_tokens <= self.tokens
 
     @property
-    def live(self) -> list:
-        return self.states[:self.size]
+    def live(self):
+        """The state of the slots that take part in the calls (views)."""
+        return self.state.rows(0, self.size)
 
     def _build(self, size: int):
         """(first, full) iterations over the first `size` slots: every step, then the publish."""
-        runtime, states = self.runtime, self.states[:size]
-        cache = self.cache.request(0) if size == 1 else KVCache(self.cache.k[:, :size], self.cache.v[:, :size])
-        runners = [runtime._runner(step, states, cache, self.clock) for step in self.program.steps]
+        runtime, st = self.runtime, self.state.rows(0, size)
+        cache = self.cache.rows(0, size)
+        runners = [runtime._runner(step, st, cache, self.clock) for step in self.program.steps]
 
         def iteration(runs) -> Callable[[], None]:
             def run_all() -> None:
                 for run in runs:
                     run()
-                self.poll.publish(states, stream=runtime.mode == "graph" or None)
+                self.poll.publish(st, stream=runtime.mode == "graph" or None)
             return CapturedIteration(run_all) if runtime.mode == "graph" else run_all
 
         full = iteration(runners)
@@ -371,7 +363,7 @@ class _Batch:
 
     def move(self, src: int, dst: int) -> None:
         """The request in slot `src` continues in slot `dst` (device copies); `src` is left done."""
-        self.states[dst].copy_(self.states[src])
+        self.state.move(src, dst)
         self.cache.k[:, dst].copy_(self.cache.k[:, src])
         self.cache.v[:, dst].copy_(self.cache.v[:, src])
-        self.states[src].done.fill_(True)
+        self.state.done[src].fill_(True)

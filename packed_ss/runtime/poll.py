@@ -38,7 +38,7 @@ class Poll:
         self.lag = (1 if self.cuda else 0) if lag is None else lag
         self.window = torch.arange(block, device=device)
         self.start = torch.zeros(slots, dtype=torch.int64, device=device)
-        self.no_hold = torch.zeros((), dtype=torch.bool, device=device)
+        self.no_hold = torch.zeros(slots, dtype=torch.bool, device=device)
         self.rows = {False: torch.zeros(slots, 2, dtype=torch.bool, device=device),
                      True: torch.zeros(slots, STREAM_HEADER + block, dtype=torch.int64, device=device)}
         # Read in place when the table is host memory read at once; else through `lag + 1` host buffers
@@ -51,12 +51,12 @@ class Poll:
         self.in_flight: deque[tuple[int, int]] = deque()   # (host buffer, seq)
         self.issued = 0
 
-    def reset(self, states: list, stream: bool) -> None:
-        """New requests (streamed or not) on `states`: outputs start empty, nothing is in flight."""
+    def reset(self, state, stream: bool) -> None:
+        """New requests (streamed or not) on the batch `state`: outputs start empty, nothing is in flight."""
         self.stream = stream
-        self.direct = not self.copied and len(states) == 1 and not hasattr(states[0], "hold")
+        self.direct = not self.copied and state.batch == 1 and not hasattr(state, "hold")
         if not self.copied:   # read in place: a lone state without `hold` is read straight from its done flag
-            self.host[False] = [states[0].done.view(1, 1) if self.direct else self.rows[False]]
+            self.host[False] = [state.done.view(1, 1) if self.direct else self.rows[False]]
         self.start.zero_()
         self.in_flight.clear()
         self.issued = 0
@@ -69,22 +69,20 @@ class Poll:
         """The request in slot `src` continues in slot `dst` (device side)."""
         self.start[dst].copy_(self.start[src])
 
-    def publish(self, states: list, stream: bool | None = None) -> None:
-        """Device side (capturable): write this iteration's status table (rows of slots past `states` are
-        left as they are: nobody reads them)."""
+    def publish(self, st, stream: bool | None = None) -> None:
+        """Device side (capturable): write this iteration's status table for the batch `st` (rows of slots
+        past it are left as they are: nobody reads them), in a few batched ops."""
+        n = st.batch
+        hold = getattr(st, "hold", self.no_hold[:n])
         if not (self.stream if stream is None else stream):
             if not self.direct:
-                flags = [f for st in states for f in (st.done, getattr(st, "hold", self.no_hold))]
-                torch.stack(flags, out=self.rows[False][:len(states)].view(-1))
+                torch.stack([st.done, hold], 1, out=self.rows[False][:n])
             return
-        rows = self.rows[True]
-        for b, st in enumerate(states):
-            start = self.start[b]
-            window = st.out.index_select(0, (start + self.window).clamp(max=st.out.numel() - 1))
-            hold = getattr(st, "hold", self.no_hold)
-            torch.stack([st.done.long(), hold.long(), st.n_out, start], out=rows[b, :STREAM_HEADER])
-            rows[b, STREAM_HEADER:].copy_(window)
-            start.copy_(st.n_out)
+        start = self.start[:n]
+        window = st.out.gather(1, (start[:, None] + self.window).clamp(max=st.out.shape[1] - 1))
+        header = torch.stack([st.done.long(), hold.long(), st.n_out, start], 1)
+        torch.cat([header, window], 1, out=self.rows[True][:n])
+        start.copy_(st.n_out)
 
     def issue(self) -> None:
         """Queue the copy of the status table to the host behind the iteration that wrote it."""

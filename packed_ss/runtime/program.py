@@ -4,9 +4,10 @@ A *program* is a schedule bound to a model, width, sampling parameters and epilo
 `new_state(request, **shape)`, `prefill(prompt) -> Step` (the first call) and `steps` (one iteration),
 plus `block`, the most tokens one iteration can add to the output, `reserve`, the cache slots a call
 may write past the output, and optionally `entry`, the step a request's first iteration starts at. The
-host polls after the last step of every iteration. Its state is a dataclass of device tensors with at
-least `done`, `n_out`, `out` (out[:n_out] is final output), `nfe`, `n_verify`, `n_accepted`, `n_bonus`, and
-may have `hold` (set by a step when the host must run `program.resume` before the next iteration). Steps are
+host polls after the last step of every iteration. Its state is a dataclass of device tensors, each with a
+leading batch dimension (a row per request: `new_state` makes a batch of one, `DeviceState.cat` stacks them),
+with at least `done`, `n_out`, `out` (out[b, :n_out[b]] is final output), `nfe`, `n_verify`, `n_accepted`,
+`n_bonus`, and may have `hold` (set by a step when the host must run `program.resume` before the next iteration). Steps are
 fixed-shape, read nothing on the host, and change nothing once the state is done (or held).
 """
 from __future__ import annotations
@@ -21,10 +22,10 @@ from .request import Request
 
 
 class ModelInput(NamedTuple):
-    tokens: torch.Tensor      # [R] int64
-    positions: torch.Tensor   # [R] int64
-    layout: Layout            # n_anchor static; seg / see device tensors (may be rewritten per call)
-    cache_len: torch.Tensor   # 0-d int64: valid cache slots before the call; anchors go to cache_len + i
+    tokens: torch.Tensor      # [B, R] int64, a row of R per request
+    positions: torch.Tensor   # [B, R] int64
+    layout: Layout            # shared by the batch; n_anchor static, seg / see device tensors
+    cache_len: torch.Tensor   # [B] int64: valid cache slots before the call; anchors go to cache_len + i
 
 
 @dataclass

@@ -73,9 +73,9 @@ class AnyOrderState(DeviceState):
     def new(cls, width: int, support: int, prompt_len: int, max_new: int, seed: int,
             stops: list[tuple[int, ...]], device, out_len: int | None = None,
             stop_shape: tuple[int, int] | None = None) -> AnyOrderState:
-        """A fresh state. `out_len` and `stop_shape` (rows, length) fix the buffer shapes so that states of
-        different requests share them; the trace has one row per possible iteration (each resolves at least
-        one position)."""
+        """A fresh state, a batch of one (the steps see its `request()`). `out_len` and `stop_shape` (rows,
+        length) fix the buffer shapes so that states of different requests share them; the trace has one row
+        per possible iteration (each resolves at least one position)."""
         n_stop, stop_len = stop_shape or (0, 1)
         n_stop, stop_len = max(n_stop, len(stops)), max([stop_len, *map(len, stops)])
         table = [[-1] * (stop_len - len(s)) + list(s) for s in stops]
@@ -87,7 +87,7 @@ class AnyOrderState(DeviceState):
 
         def full(shape, v, dtype=torch.int64):
             return torch.full(shape, v, dtype=dtype, device=device)
-        return cls(
+        one = cls(
             prompt_len=scalar(prompt_len), end=scalar(max_new - 1), out=full((out_len,), -1), n_out=scalar(0),
             acc_pos=full((out_len,), -1), n_acc=scalar(0), n_cached=scalar(0),
             draft_pos=full((width,), -1), draft_tok=full((width,), -1),
@@ -99,6 +99,7 @@ class AnyOrderState(DeviceState):
             nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0), n_iter=scalar(0),
             trace_order=full((out_len, width), -1), trace_stats=full((out_len, len(TRACE)), 0),
         )
+        return cls(**{name: t[None] for name, t in one.tensors().items()})   # a batch of one
 
     def iterations(self, fetch=torch.Tensor.tolist) -> list[Iteration]:
         """The trace, read from the device at the end (`fetch(tensor)`: its values on the host)."""

@@ -22,8 +22,10 @@ from ..state import DecodeState, stop_at_sequences
 
 @dataclass
 class Rows:
-    """A run of model rows as an epilogue consumes them: argmax `arg` [R] (greedy), or the truncated
-    distribution (`idx`, `prob`) [R, K] (sampled); `idx` is None when the distribution is dense (idx = token)."""
+    """Runs of model rows as an epilogue consumes them, one run per request of the batch: argmax `arg` [B, R]
+    (greedy), or the truncated distribution (`idx`, `prob`) [B, R, K] (sampled); `idx` is None when the
+    distribution is dense (idx = token). Indexing slices every request's rows alike: `rows[:W]` holds
+    each request's first W rows."""
     arg: torch.Tensor | None = None
     idx: torch.Tensor | None = None
     prob: torch.Tensor | None = None
@@ -31,16 +33,17 @@ class Rows:
 
     def __getitem__(self, rows: slice) -> "Rows":
         if self.arg is not None:
-            return Rows(arg=self.arg[rows], vocab=self.vocab)
-        return Rows(idx=None if self.idx is None else self.idx[rows], prob=self.prob[rows], vocab=self.vocab)
+            return Rows(arg=self.arg[:, rows], vocab=self.vocab)
+        return Rows(idx=None if self.idx is None else self.idx[:, rows], prob=self.prob[:, rows], vocab=self.vocab)
 
     def __len__(self) -> int:
+        """Rows per request."""
         t = self.arg if self.arg is not None else self.prob
-        return 0 if t is None else t.shape[0]
+        return 0 if t is None else t.shape[1]
 
     @property
     def k(self) -> int:
-        return 0 if self.prob is None else self.prob.shape[1]
+        return 0 if self.prob is None else self.prob.shape[2]
 
 
 class Epilogue:
@@ -60,7 +63,7 @@ class Epilogue:
         self.dense = not params.greedy and params.top_k is None and params.top_p is None
 
     def rows(self, logits: torch.Tensor) -> Rows:
-        """Argmax (greedy) or truncated distribution (sampled) of every row of logits [R, V]."""
+        """Argmax (greedy) or truncated distribution (sampled) of every row of logits [B, R, V]."""
         vocab = logits.shape[-1]
         if self.params.greedy:
             return Rows(arg=logits.argmax(-1), vocab=vocab)
@@ -77,7 +80,7 @@ class Epilogue:
 
     def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):
         """First half of a draft verification: acceptance and the correction / bonus draw. Returns the emitted
-        tokens [B] and A (0-d). `residual` (0-d): the uniform index of that draw, W by default (the any-order
+        tokens [B, W+1] and A [B]. `residual` [B]: the uniform index of that draw, W by default (the any-order
         steps verify u_t <= W ranks and draw at u_t)."""
         raise NotImplementedError
 
@@ -90,7 +93,7 @@ class Epilogue:
     # -- stop sequences of several tokens: matched on the device after emit, for either implementation ------
     @staticmethod
     def _mark(st: DecodeState) -> torch.Tensor | None:
-        return st.n_out.clone() if st.stop_seqs.shape[0] else None
+        return st.n_out.clone() if st.stop_seqs.shape[1] else None
 
     @staticmethod
     def _stop_at_sequences(st: DecodeState, start: torch.Tensor | None) -> None:

@@ -1,7 +1,8 @@
 """The compiled step epilogue (csrc/, module `packed_ss._epilogue`): loading it, and calling it.
 
-csrc/epilogue.h runs a whole step epilogue in one call (one thread block per sequence on CUDA) and
-reproduces the torch reference (reference.py) bit for bit on the CPU. The module is optional:
+csrc/epilogue.h runs a whole step epilogue of a whole batch in one call (request after request on the CPU,
+one thread block per request on CUDA) and reproduces the torch reference (reference.py) bit for bit on the
+CPU: request b of a batched call does exactly what a call on request b alone does. The module is optional:
 `native_available(device)` says whether it can serve a device, and `native_unavailable_reason(device)`
 why not (not built, built without CUDA, no GPU).
 """
@@ -61,9 +62,35 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def _row_stride(t: torch.Tensor, what: str) -> int:
+    """Request-to-request stride, in rows, of rows t [B, R] (argmax) or [B, R, K] (distributions) whose rows
+    are contiguous within a request: a contiguous tensor, or a slice along dim 1 of one. ValueError otherwise."""
+    b, r = t.shape[0], t.shape[1]
+    row = 1 if t.dim() == 2 else t.shape[2]       # elements per row
+    if (t.dim() == 3 and row > 1 and t.stride(2) != 1) or (r > 1 and t.stride(1) != row):
+        raise ValueError(f"{what} rows must be contiguous within a request (strides {t.stride()}, shape "
+                         f"{tuple(t.shape)})")
+    if b <= 1:
+        return r
+    s0 = t.stride(0)
+    if row == 0 or s0 % row or s0 // row < r:
+        raise ValueError(f"{what} rows: the batch stride {s0} is not a whole number of rows >= {r} "
+                         f"(strides {t.stride()}, shape {tuple(t.shape)})")
+    return s0 // row
+
+
 class NativeEpilogue(Epilogue):
-    """The compiled epilogue: calls are asynchronous on CUDA (the current stream) and capturable in a CUDA
-    graph; on the CPU it runs the same __host__ __device__ code."""
+    """The compiled epilogue: one call steps the state's whole batch; calls are asynchronous on CUDA (the
+    current stream) and capturable in a CUDA graph; on the CPU it runs the same __host__ __device__ code.
+
+    What it expects: a batch-major DecodeState (every field [B, ...], contiguous, on this device: draft
+    [B, W], q_idx / q_prob [B, W, K], out [B, L], stop_ids [B, S], the rest [B]) and Rows [B, R] (arg,
+    int64) or [B, R, K] (prob float32/float64, idx int64 or None when dense) whose rows are contiguous
+    within a request (stride(-1) == 1, stride(1) == K) and evenly spaced across requests (stride(0) a whole
+    number of rows >= R): contiguous tensors or slices of them along dim 1. `res` [B, block + 2] and the
+    workspace [B, vocab] are cached per batch size (persistent addresses, as CUDA graphs need)."""
+
+    _BOUND_MAX = 8      # state handles kept (a state object each, holding it keeps its addresses valid)
 
     def __init__(self, device, width: int, params: SamplingParams):
         reason = native_unavailable_reason(device)
@@ -76,11 +103,19 @@ class NativeEpilogue(Epilogue):
         self.cuda = self.device.type == "cuda"
         self._native_step = self.mod.step_cuda if self.cuda else self.mod.step_cpu
         self.vocab = 0
-        self.res = torch.zeros(self.block + 2, dtype=torch.int64, device=self.device)
-        self.emitted = self.res[:self.block]   # the last verification's emitted tokens and A (views)
-        self.n_accept = self.res[self.block]
-        self._scratch: dict[tuple[torch.dtype, int], torch.Tensor] = {}
-        self._bound: tuple[DecodeState, object] | None = None
+        self._res: dict[int, torch.Tensor] = {}
+        self._use_res(1)
+        self._scratch: dict[tuple[torch.dtype, int, int], torch.Tensor] = {}
+        self._bound: dict[int, tuple[DecodeState, object]] = {}   # id(state) -> (state, handle)
+
+    def _use_res(self, batch: int) -> torch.Tensor:
+        """The persistent [B, block + 2] result buffer of batch size B; `res`, `emitted` [B, block] and
+        `n_accept` [B] are views of the last one used."""
+        res = self._res.get(batch)
+        if res is None:
+            res = self._res[batch] = torch.zeros(batch, self.block + 2, dtype=torch.int64, device=self.device)
+        self.res, self.emitted, self.n_accept = res, res[:, :self.block], res[:, self.block]
+        return res
 
     def rows(self, logits: torch.Tensor) -> Rows:
         self.vocab = logits.shape[-1]
@@ -92,7 +127,7 @@ class NativeEpilogue(Epilogue):
         self._call(st, self.mod.PHASE_BOTH, kind, verify if verify is not None else token, propose, retain)
 
     def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):
-        """The emitted tokens and A go into `res`; returns views of them."""
+        """The emitted tokens [B, block] and A [B] go into `res`; returns views of them."""
         self._call(st, self.mod.PHASE_VERIFY, self.mod.VERIFY_DRAFT, verify, None, None, residual)
         return self.emitted, self.n_accept
 
@@ -101,10 +136,16 @@ class NativeEpilogue(Epilogue):
 
     # -- plumbing --------------------------------------------------------------------------------------
     def _state(self, st: DecodeState):
-        if self._bound is not None and self._bound[0] is st:
-            return self._bound[1]
+        """The native handle of `st` (raw addresses, batch size, per-request strides), made once per state
+        object: keyed by id(st), holding st so that its addresses (and its id) stay valid."""
+        bound = self._bound.get(id(st))
+        if bound is not None and bound[0] is st:
+            return bound[1]
         w = self.width
         t = st.tensors()
+        batch = st.cache_len.shape[0] if st.cache_len.dim() == 1 else -1
+        if batch < 0:
+            raise ValueError(f"DecodeState.cache_len must be [B], got shape {tuple(st.cache_len.shape)}")
         for name, value in t.items():
             if value.device != self.device:
                 raise ValueError(f"DecodeState.{name} is on {value.device}, the epilogue on {self.device}")
@@ -113,29 +154,45 @@ class NativeEpilogue(Epilogue):
             want = torch.bool if name == "done" else (torch.float64 if name == "q_prob" else torch.int64)
             if value.dtype != want:
                 raise ValueError(f"DecodeState.{name} must be {want}, got {value.dtype}")
-        if st.draft.shape != (w,) or st.q_idx.dim() != 2 or st.q_idx.shape[0] != w or st.q_prob.shape != st.q_idx.shape:
+            dims = {"draft": 2, "q_idx": 3, "q_prob": 3, "out": 2, "stop_ids": 2, "stop_seqs": 3}.get(name, 1)
+            if value.dim() != dims or value.shape[0] != batch:
+                raise ValueError(f"DecodeState.{name} must have {dims} dimensions, the first the batch size "
+                                 f"{batch}; got shape {tuple(value.shape)}")
+        if st.draft.shape[1] != w or st.q_idx.shape[1] != w or st.q_prob.shape != st.q_idx.shape:
             raise ValueError(f"DecodeState draft / Q shapes do not match width {w}")
         # DecodeState.new sizes `out` for max_new + 2B: emit writes B slots past n_out.
         handle = self.mod.State(*(t[n].data_ptr() for n in (
             "cache_len", "last", "draft", "draft_len", "q_idx", "q_prob", "out", "n_out", "done", "seed", "offset",
             "stop_ids", "max_new", "nfe", "n_verify", "n_accepted", "n_bonus")),
-            w, st.q_idx.shape[1], st.stop_ids.numel())
-        self._bound = (st, handle)   # holding st keeps the addresses valid
+            w, st.q_idx.shape[2], st.stop_ids.shape[1], batch, st.out.shape[1])
+        if len(self._bound) >= self._BOUND_MAX:
+            self._bound.pop(next(iter(self._bound)))   # the oldest
+        self._bound[id(st)] = (st, handle)
         return handle
 
-    def _scratch_for(self, dtype: torch.dtype, vocab: int) -> torch.Tensor:
-        key = (dtype, vocab)
+    def _scratch_for(self, dtype: torch.dtype, vocab: int, batch: int) -> torch.Tensor:
+        key = (dtype, vocab, batch)
         if key not in self._scratch:
-            self._scratch[key] = torch.empty(vocab, dtype=dtype, device=self.device)
+            self._scratch[key] = torch.empty(batch, vocab, dtype=dtype, device=self.device)
         return self._scratch[key]
 
-    def _check(self, rows: Rows | None, what: str) -> None:
+    def _check(self, rows: Rows | None, what: str, batch: int, need: int) -> tuple[int, int, int]:
+        """(row count R, K, per-request row stride) of rows [B, R(, K)], after checking them."""
         if rows is None:
-            return
-        tensors = [rows.arg] if rows.arg is not None else [rows.prob] + ([] if self.dense else [rows.idx])
+            return 0, 0, 0
+        if rows.arg is not None:
+            tensors = [rows.arg]
+        elif rows.prob is not None:
+            tensors = [rows.prob] + ([] if rows.idx is None else [rows.idx])
+        else:
+            raise ValueError(f"{what} rows are empty")
+        dims = 2 if rows.arg is not None else 3
         for t in tensors:
-            if t.device != self.device or not t.is_contiguous():
-                raise ValueError(f"{what} rows must be contiguous tensors on {self.device}")
+            if t.device != self.device:
+                raise ValueError(f"{what} rows must be on {self.device}, got {t.device}")
+            if t.dim() != dims or t.shape[0] != batch:
+                raise ValueError(f"{what} rows must be [B={batch}, R{', K' if dims == 3 else ''}], got shape "
+                                 f"{tuple(t.shape)}")
         if rows.arg is not None and rows.arg.dtype != torch.int64:
             raise ValueError(f"{what} argmax rows must be int64")
         if rows.prob is not None and rows.prob.dtype not in (torch.float32, torch.float64):
@@ -144,12 +201,22 @@ class NativeEpilogue(Epilogue):
             raise ValueError(f"{what} rows must be int64 idx and prob of one shape")
         if rows.arg is None and (rows.idx is None) != self.dense:
             raise ValueError(f"{what} rows: dense and sparse distributions cannot mix")
+        n_rows = tensors[0].shape[1]
+        if n_rows < need:
+            raise ValueError(f"{what}: {need} rows needed per request, got {n_rows}")
+        strides = {_row_stride(t, what) for t in tensors}
+        if len(strides) != 1:
+            raise ValueError(f"{what} rows: idx and prob are laid out differently ({rows.idx.stride()} against "
+                             f"{rows.prob.stride()})")
+        return n_rows, 0 if dims == 2 else tensors[0].shape[2], strides.pop()
 
     def _call(self, st, phase, kind, v: Rows | None, z: Rows | None, retain, residual=None) -> None:
         handle = self._state(st)
+        batch = handle.batch
         greedy = self.params.greedy
-        self._check(v, "verifier")
-        self._check(z, "proposal")
+        need_v = self.block if kind == self.mod.VERIFY_DRAFT else 1
+        _, v_k, v_stride = self._check(v, "verifier", batch, need_v if v is not None else 0)
+        n_z, z_k, z_stride = self._check(z, "proposal", batch, 1 if retain is not None else 0)
         if retain is None:
             retain_code = self.mod.RETAIN_NONE
         elif retain == "a":
@@ -160,14 +227,19 @@ class NativeEpilogue(Epilogue):
         bits = 64 if prob is not None and prob.dtype == torch.float64 else 32
         if v is not None and z is not None and v.prob is not None and v.prob.dtype != z.prob.dtype:
             raise ValueError("verifier and proposal probabilities must share a dtype")
+        vocab = (v.vocab if v is not None else 0) or (z.vocab if z is not None else 0) or self.vocab
         scratch = 0
         if not greedy and kind == self.mod.VERIFY_DRAFT and v is not None:
-            scratch = self._scratch_for(v.prob.dtype, v.vocab).data_ptr()
-        if v is not None and kind == self.mod.VERIFY_DRAFT and len(v) < self.block:
-            raise ValueError(f"draft verification needs {self.block} verifier rows, got {len(v)}")
+            scratch = self._scratch_for(v.prob.dtype, vocab, batch).data_ptr()
+        if residual is not None:
+            if (residual.dtype != torch.int64 or residual.shape != (batch,) or residual.device != self.device
+                    or not residual.is_contiguous()):
+                raise ValueError(f"residual must be a contiguous int64 [B={batch}] tensor on {self.device}, got "
+                                 f"{residual.dtype} {tuple(residual.shape)} on {residual.device}")
+        res = self._use_res(batch)
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.cuda else 0
-        n_z = len(z) if z is not None else 0
         v, z = v if v is not None else Rows(), z if z is not None else Rows()
-        self._native_step(handle, bits, phase, kind, retain_code, not greedy, self.dense, self.block, self.vocab,
-                   _ptr(v.arg), _ptr(v.idx), _ptr(v.prob), v.k, _ptr(z.arg), _ptr(z.idx), _ptr(z.prob), z.k,
-                   n_z, scratch, self.res.data_ptr(), _ptr(residual), stream)
+        self._native_step(handle, bits, phase, kind, retain_code, not greedy, self.dense, self.block, vocab,
+                          _ptr(v.arg), _ptr(v.idx), _ptr(v.prob), v_k, v_stride,
+                          _ptr(z.arg), _ptr(z.idx), _ptr(z.prob), z_k, z_stride, n_z,
+                          scratch, res.data_ptr(), _ptr(residual), stream)

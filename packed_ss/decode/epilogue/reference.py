@@ -10,21 +10,23 @@ from __future__ import annotations
 import torch
 
 from ..acceptance import verify_greedy, verify_sampled
-from ..sampling import densify, inverse_cdf, philox_uniform, take
+from ..sampling import densify, inverse_cdf, philox_uniform
 from ..state import DecodeState, emit, retain
 from .base import Epilogue, Rows
 
 
 class TorchEpilogue(Epilogue):
+    """The whole batch in each call, with batched tensor ops: the op count does not grow with the batch."""
+
     def __init__(self, device, width: int, params):
         super().__init__(device, width, params)
         self.n_uniform = 2 * self.block + 1      # [0, W]: acceptance + correction, [B, 2B]: drafts
-        self.one = torch.ones((), dtype=torch.int64, device=self.device)
-        self.zero = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.one = torch.ones(1, dtype=torch.int64, device=self.device)
+        self.zero = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._verified = None                    # (uniforms, emitted, A) between verify() and commit()
 
     def _uniforms(self, st: DecodeState) -> torch.Tensor | None:
-        """This call's uniforms (None when greedy); the offset advances once per call, on the device."""
+        """This call's uniforms [B, n] (None when greedy); the offsets advance once per call, on the device."""
         if self.params.greedy:
             return None
         u = philox_uniform(st.seed, st.offset, self.n_uniform)
@@ -32,18 +34,18 @@ class TorchEpilogue(Epilogue):
         return u
 
     def _draw(self, rows: Rows, u: torch.Tensor) -> torch.Tensor:
-        """One token per row: the argmax, or a draw from the row's distribution with uniforms u."""
+        """One token per row: the argmax, or a draw from the row's distribution with uniforms u [B, R]."""
         if rows.arg is not None:
             return rows.arg
         j = inverse_cdf(rows.prob, u)
         return j if rows.idx is None else rows.idx.gather(-1, j[..., None])[..., 0]
 
     def _propose(self, rows: Rows, u):
-        """Draft tokens from proposal rows (uniforms u[B:]) with the sparse Q each was drawn from."""
-        z = self._draw(rows, None if u is None else u[self.block: self.block + len(rows)])
+        """Draft tokens from proposal rows (uniforms u[:, B:]) with the sparse Q each was drawn from."""
+        z = self._draw(rows, None if u is None else u[:, self.block: self.block + len(rows)])
         if rows.prob is None:
             return z, None, None
-        idx = rows.idx if rows.idx is not None else torch.arange(rows.vocab, device=z.device).expand(len(rows), -1)
+        idx = rows.idx if rows.idx is not None else torch.arange(rows.vocab, device=z.device).expand(rows.prob.shape)
         return z, idx, rows.prob
 
     def _verify(self, st: DecodeState, rows: Rows, u, residual=None):
@@ -51,7 +53,7 @@ class TorchEpilogue(Epilogue):
             return verify_greedy(st.draft, st.draft_len, rows.arg)
         p = rows.prob if rows.idx is None else densify(rows.idx, rows.prob, rows.vocab)
         if residual is not None:
-            u = torch.cat([u[:self.width], take(u, residual)[None]])
+            u = torch.cat([u[:, :self.width], u.gather(1, residual[:, None])], 1)
         return verify_sampled(st.draft, st.draft_len, st.q_idx, st.q_prob, p, u)
 
     def _emit(self, st, emitted, n_accept, verified: bool):
@@ -68,7 +70,7 @@ class TorchEpilogue(Epilogue):
     def _retain(self, st, propose, retain_, u, a, active) -> None:
         if retain_ is None:
             return
-        shift = a if retain_ == "a" else (self.zero, self.one)[retain_]
+        shift = a if retain_ == "a" else (self.zero, self.one)[retain_].expand(st.batch)
         retain(st, *self._propose(propose, u), shift, active)
 
     def _step(self, st, verify, token, propose, retain_) -> None:
@@ -77,12 +79,12 @@ class TorchEpilogue(Epilogue):
             emitted, n_accept = self._verify(st, verify, u)
             a, active = self._emit(st, emitted, n_accept, verified=True)
         elif token is not None:
-            first = self._draw(token[:1], None if u is None else u[:1])
-            a, active = self._emit(st, first, self.one, verified=False)
+            first = self._draw(token[:1], None if u is None else u[:, :1])
+            a, active = self._emit(st, first, self.one.expand(st.batch), verified=False)
         else:                                    # a drafting call: count it, emit nothing
             active = ~st.done
             st.assign(active, nfe=st.nfe + 1)
-            a = self.zero
+            a = self.zero.expand(st.batch)
         self._retain(st, propose, retain_, u, a, active)
 
     def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):

@@ -1,5 +1,6 @@
 """Plain autoregressive decoding: one row per call, the reference every other schedule must match."""
-from ...runtime import ModelInput
+import torch
+
 from .base import Schedule, Step, layout
 
 
@@ -10,10 +11,11 @@ class AR(Schedule):
     def __init__(self, model, width, params, epilogue):
         super().__init__(model, width, params, epilogue)
         self.layout = layout(self.device, 1)
+        self.zero = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.steps = [Step(self.inputs, self.update)]
 
     def inputs(self, st):
-        return ModelInput(st.last[None], st.cache_len[None], self.layout, st.cache_len)
+        return self.input_at(st, st.last[:, None], self.zero, self.layout)
 
     def update(self, st, logits):
-        self.epilogue.step(st, token=self.epilogue.rows(logits[:1]))
+        self.epilogue.step(st, token=self.epilogue.rows(logits))

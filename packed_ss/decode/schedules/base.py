@@ -24,7 +24,8 @@ class Schedule:
     """A decoding schedule, the program the runtime drives: `prefill(prompt)`, then `steps` until done.
 
     Subclasses set `name`, `drafts` (whether the prefill call also drafts W+1 positions) and `steps`; each
-    step ends in one call of the epilogue (torch or native: the same calls, the same tokens).
+    step builds one input [B, R] for the whole batch and ends in one call of the epilogue on its logits
+    [B, R, V] (torch or native: the same calls, the same tokens).
     """
     name = ""
     drafts = True
@@ -41,6 +42,15 @@ class Schedule:
     def masks(self, n: int) -> torch.Tensor:
         return torch.full((n,), self.mask_id, dtype=torch.int64, device=self.device)
 
+    @staticmethod
+    def input_at(st: DecodeState, tokens: torch.Tensor, offsets: torch.Tensor, layout: Layout) -> ModelInput:
+        """The batch's rows `tokens` [B, R] at positions cache_len + offsets, over each request's cache."""
+        return ModelInput(tokens, st.cache_len[:, None] + offsets, layout, st.cache_len)
+
+    def masks_for(self, st: DecodeState) -> torch.Tensor:
+        """MASK^W for every request: [B, W]."""
+        return self.mask_row.expand(st.batch, -1)
+
     def new_state(self, request: Request, out_len=None, stop_slots=None, sequence_slots=None) -> DecodeState:
         """One-token stop sequences join the stop ids; longer ones are matched after emit (stop_at_sequences)."""
         stop_ids = set(request.stop_ids) | {s[0] for s in request.stop_sequences if len(s) == 1}
@@ -51,16 +61,17 @@ class Schedule:
 
     # -- the first call: prompt (causal, cached) plus W+1 masks (paper E.2) ---------------------------
     def prefill(self, prompt: torch.Tensor) -> Step:
-        """The prompt's last row draws the first token; its W+1 mask rows draft the first block."""
+        """The prompt's last row draws the first token; its W+1 mask rows draft the first block. One request:
+        its state is a batch of one."""
         n0, n_masks = prompt.numel(), self.block if self.drafts else 0
         lay = layout(self.device, n0, [1] * n_masks, [n0 - 1] * n_masks)
-        tokens = torch.cat([prompt, self.masks(n_masks)])
-        positions = torch.arange(n0 + n_masks, device=self.device)
-        zero = torch.zeros((), dtype=torch.int64, device=self.device)
+        tokens = torch.cat([prompt, self.masks(n_masks)])[None]
+        positions = torch.arange(n0 + n_masks, device=self.device)[None]
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
 
         def update(st: DecodeState, logits: torch.Tensor) -> None:
             st.cache_len.fill_(n0 - 1)   # the last prompt row plays the role of `last` when emitting
-            rows = self.epilogue.rows(logits[n0 - 1:])
+            rows = self.epilogue.rows(logits[:, n0 - 1:])
             self.epilogue.step(st, token=rows[:1], propose=rows[1:] if n_masks else None,
                                retain="a" if n_masks else None)
 

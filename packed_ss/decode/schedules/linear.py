@@ -6,7 +6,6 @@ The prefill drafts the first block, so a request's first iteration enters at the
 """
 import torch
 
-from ...runtime import ModelInput
 from .base import Schedule, Step, layout
 
 
@@ -23,15 +22,15 @@ class Linear(Schedule):
         self.entry = 1
 
     def draft_inputs(self, st):
-        tokens = torch.cat([st.last[None], self.mask_row])
-        return ModelInput(tokens, st.cache_len + self.offsets, self.draft_layout, st.cache_len)
+        tokens = torch.cat([st.last[:, None], self.masks_for(st)], 1)
+        return self.input_at(st, tokens, self.offsets, self.draft_layout)
 
     def draft_update(self, st, logits):
-        self.epilogue.step(st, propose=self.epilogue.rows(logits[1:]), retain=0)
+        self.epilogue.step(st, propose=self.epilogue.rows(logits[:, 1:]), retain=0)
 
     def verify_inputs(self, st):
-        tokens = torch.cat([st.last[None], st.draft])
-        return ModelInput(tokens, st.cache_len + self.offsets, self.verify_layout, st.cache_len)
+        tokens = torch.cat([st.last[:, None], st.draft], 1)
+        return self.input_at(st, tokens, self.offsets, self.verify_layout)
 
     def verify_update(self, st, logits):
         self.epilogue.step(st, verify=self.epilogue.rows(logits))

@@ -7,7 +7,6 @@ After accepting A_t tokens (cut to a by stop rules), the next draft is z^(a+1..W
 """
 import torch
 
-from ...runtime import ModelInput
 from .base import Schedule, Step, layout
 
 
@@ -23,13 +22,14 @@ class Packed(Schedule):
         self.steps = [Step(self.inputs, self.update)]
 
     def inputs(self, st):
-        padded = torch.where(self.slots < st.draft_len, st.draft, self.mask_id)
-        tokens = torch.cat([st.last[None], padded, st.last[None], self.mask_row])
-        return ModelInput(tokens, st.cache_len + self.offsets, self.layout, st.cache_len)
+        last = st.last[:, None]
+        padded = torch.where(self.slots < st.draft_len[:, None], st.draft, self.mask_id)
+        tokens = torch.cat([last, padded, last, self.masks_for(st)], 1)   # [P^(n), D̄_{t-1} | P^(n), MASK^W]
+        return self.input_at(st, tokens, self.offsets, self.layout)
 
     def update(self, st, logits):
         b = self.block
-        rows = self.epilogue.rows(logits)
+        rows = self.epilogue.rows(logits)               # per request of the batch
         self.epilogue.step(st, verify=rows[:b],         # lines 3, 5-11: verify D_{t-1}, emit, commit
                            propose=rows[b + 1:],        # line 4: z^(1..W) | P_{t-1}
                            retain="a")                  # lines 12-13: next draft z^(a+1..W)

@@ -7,7 +7,6 @@ the correction's position and is dropped, the other W become the next draft.
 """
 import torch
 
-from ...runtime import ModelInput
 from .base import Schedule, Step, layout
 
 
@@ -26,12 +25,13 @@ class Quadratic(Schedule):
         self.steps = [Step(self.inputs, self.update)]
 
     def inputs(self, st):
-        tokens = torch.cat([st.last[None], st.draft, self.branches])
-        return ModelInput(tokens, st.cache_len + self.offsets, self.layout, st.cache_len)
+        tokens = torch.cat([st.last[:, None], st.draft, self.branches.expand(st.batch, -1)], 1)
+        return self.input_at(st, tokens, self.offsets, self.layout)
 
     def update(self, st, logits):
-        """Verify, pick branch A - 1 on the device, then emit and keep that branch's proposals."""
+        """Verify, pick each request's branch A - 1 on the device, then emit and keep that branch's proposals."""
         b = self.block
-        _, n_accept = self.epilogue.verify(st, self.epilogue.rows(logits[:b]))
-        branch = logits.index_select(0, self.branch_rows + (n_accept - 1) * b)
+        _, n_accept = self.epilogue.verify(st, self.epilogue.rows(logits[:, :b]))
+        rows = self.branch_rows + (n_accept[:, None] - 1) * b
+        branch = logits.gather(1, rows[:, :, None].expand(-1, -1, logits.shape[2]))
         self.epilogue.commit(st, propose=self.epilogue.rows(branch), retain=1)

@@ -18,6 +18,18 @@ def confidence(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logits.float().softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
 
 
+def one_request(step: Step) -> Step:
+    """A step written for one request's state, on the runtime's batch of one: an any-order call's layout
+    follows its request's own window, so requests cannot share a call."""
+    def inputs(st: AnyOrderState) -> ModelInput:
+        inp = step.inputs(st.request())
+        return ModelInput(inp.tokens[None], inp.positions[None], inp.layout, inp.cache_len[None])
+
+    def update(st: AnyOrderState, logits: torch.Tensor) -> None:
+        step.update(st.request(), logits[0])
+    return Step(inputs, update)
+
+
 class AnyOrderSchedule:
     """prefill(prompt) caches the prompt in one counted call (E.2); `steps` are one iteration of Alg. 3.
 
@@ -41,7 +53,7 @@ class AnyOrderSchedule:
         self.ranked = DecodeState.new(width, support, 1, [], 0, self.device)
         self.block = width + 1   # an iteration resolves positions of a window that starts at n_out
         self.ranks = torch.arange(width, device=self.device)
-        self.steps: list[Step] = self.build()
+        self.steps: list[Step] = [one_request(step) for step in self.build()]
         self.reserve = self.n_pending + width   # cache slots a call may write past the output: its anchors
 
     def pending_slots(self) -> int:
@@ -69,19 +81,20 @@ class AnyOrderSchedule:
             active = self.active(st)
             st.assign(active, nfe=st.nfe + 1)
             plan(st, self.order, active)
-        return Step(lambda st: ModelInput(prompt, anchors, layout, zero), update)
+        return one_request(Step(lambda st: ModelInput(prompt, anchors, layout, zero), update))
 
     def resume(self, st: AnyOrderState, call) -> None:
         """While held: run the next iteration with every pending row in its N region (host reads allowed)."""
-        while bool(st.hold) and not bool(st.done):
+        one = st.request()
+        while bool(one.hold) and not bool(one.done):
             wide = type(self)(self.model, self.width, self.params, self.epilogue, self.order,
-                              n_pending=int(pending(st)))
-            st.hold.fill_(False)
+                              n_pending=int(pending(one)))
+            one.hold.fill_(False)
             for step in wide.steps:
                 step.update(st, call(step.inputs(st)))
 
     def finish(self, st: AnyOrderState, fetch) -> dict:
-        return {"iterations": st.iterations(fetch)}
+        return {"iterations": st.request().iterations(fetch)}
 
     # -- helpers of the steps ----------------------------------------------------------------------------
     @staticmethod
@@ -128,9 +141,9 @@ class AnyOrderSchedule:
         if not self.params.greedy:
             self.ranked.q_idx.copy_(q_idx)
             self.ranked.q_prob.copy_(q_prob)
-        rows = self.epilogue.rows(torch.cat([logits, logits[-1:]]))
-        emitted, a = self.epilogue.verify(self.ranked, rows, residual=window_size(st))
-        return emitted[:self.width], a - 1, kappa
+        rows = self.epilogue.rows(torch.cat([logits, logits[-1:]])[None])
+        emitted, a = self.epilogue.verify(self.ranked, rows, residual=window_size(st)[None])
+        return emitted[0, :self.width], a[0] - 1, kappa
 
     def accept(self, st: AnyOrderState, active, verified, h, kappa) -> torch.Tensor:
         """Lines 10-13: accept ranks < A_t = min(h_t + 1, u_t); N and the O rows of ranks < h_t stay in the

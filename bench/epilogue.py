@@ -8,11 +8,13 @@ graphs: replays and the one-late poll). The model is a stand-in that returns a p
 of the call's shape, [rows, vocab], at no cost: the verifier and drafter rows are one shared base row
 plus independent noise, so drafts are accepted part of the time (the mean accepted count is reported).
 
-Per iteration = decoder time outside model calls / verification calls (Linear-SS: a verify and a draft
-call; AR: one call). With CUDA graphs the model calls cannot be timed apart; the stand-in launches no
+Per iteration = decoder time outside model calls / the batch's decode iterations (Linear-SS: a verify and
+a draft call; AR: one call), `--batch-sizes` requests decoding together (the prompts' prefills included,
+one per request). With CUDA graphs the model calls cannot be timed apart; the stand-in launches no
 work, so its share is the Python call alone (measured ~0 in eager mode, column model_us).
 
     python bench/epilogue.py --out bench/epilogue_cpu.json                 # CPU, torch vs native
+    python bench/epilogue.py --batch-sizes 1 8 32 --vocab 32000            # how it grows with the batch
     python bench/epilogue.py --device cuda --out epilogue_gpu.json          # GPU, + eager vs graph
     python bench/epilogue.py --quick                                        # a few seconds
 """
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,30 +54,29 @@ class StandInModel:
         return KVCache(torch.zeros(shape, device=self.device), torch.zeros(shape, device=self.device))
 
     def __call__(self, tokens, positions, layout, cache, cache_len, attend=None):
-        return self.logits[: tokens.shape[0]]
+        rows = self.logits[: tokens.shape[-1]]
+        return rows if tokens.dim() == 1 else rows.expand(tokens.shape[0], -1, -1)
 
 
-def run(model, schedule, width, sampling, epilogue, graph, iters, device):
-    """(non-model seconds per iteration, model seconds per iteration, mean accepted, tokens per iteration)."""
+def run(model, schedule, width, sampling, epilogue, graph, iters, device, batch=1):
+    """(non-model seconds per iteration, model seconds per iteration, mean accepted, tokens per iteration) of
+    `batch` requests decoded together."""
     engine = packed_ss.Engine(model, schedule=schedule, width=width, epilogue=epilogue, cuda_graph=graph)
     kwargs = dict(SAMPLING[sampling], eos_token_id=[], seed=1)
-    max_new = iters * (width + 1)          # an upper bound: stop on the iteration count below
-    engine.generate(PROMPT, max_new_tokens=min(max_new, 4 * (width + 1)), **kwargs)   # warm-up (and capture)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    # decode until `iters` verifications: pick max_new from a short probe of tokens per iteration
-    probe = engine.generate(PROMPT, max_new_tokens=8 * (width + 1), **kwargs)
-    per_iter = len(probe.tokens) / max(1, _iterations(schedule, probe))
-    res = engine.generate(PROMPT, max_new_tokens=max(1, int(per_iter * iters)), **kwargs)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    n = max(1, _iterations(schedule, res))
-    model_s = 0.0 if math.isnan(res.model_s) else res.model_s
-    return (res.wall_s - model_s) / n, model_s / n, res.mean_accepted, len(res.tokens) / n
 
-
-def _iterations(schedule, res) -> int:
-    return res.nfe - 1 if schedule == "ar" else res.n_verify
+    def decode(max_new: int):
+        began = time.perf_counter()
+        results = engine.generate_batch([PROMPT] * batch, max_new_tokens=max_new, **kwargs)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return results, time.perf_counter() - began, max(1, engine.runtime.iterations)
+    decode(4 * (width + 1))                # warm-up (and capture)
+    # decode until `iters` iterations: pick max_new from a short probe of tokens per iteration
+    probe, _, n = decode(8 * (width + 1))
+    results, wall_s, n = decode(max(1, int(len(probe[0].tokens) / n * iters)))
+    model_s = 0.0 if graph else engine.runtime.model_s
+    accepted = sum(r.mean_accepted for r in results) / batch
+    return (wall_s - model_s) / n, model_s / n, accepted, sum(len(r.tokens) for r in results) / n
 
 
 def main(argv=None) -> int:
@@ -86,6 +87,7 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=None, help="iterations per measurement (default 60 CPU, 300 GPU)")
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
     parser.add_argument("--sampling", nargs="+", default=list(SAMPLING), choices=list(SAMPLING))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1], help="requests decoded together")
     parser.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (default 1)")
     parser.add_argument("--quick", action="store_true", help="vocab 32000, 15 iterations, greedy and T1")
     parser.add_argument("--out", default=None, help="JSON file for the records")
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
                gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None, width=args.width,
                iters=iters)
     print("#", json.dumps(env))
-    header = (f"{'schedule':<10} {'vocab':>6} {'sampling':<13} {'epilogue':<7} {'mode':<5} "
+    header = (f"{'schedule':<10} {'vocab':>6} {'batch':>5} {'sampling':<13} {'epilogue':<7} {'mode':<5} "
               f"{'us/iter':>9} {'model_us':>8} {'accepted':>8} {'tok/iter':>8}")
     print(header)
     print("-" * len(header))
@@ -115,30 +117,29 @@ def main(argv=None) -> int:
     for vocab in args.vocab:
         rows = (args.width + 1) * (args.width + 2)          # the largest call: quadratic, B(B+1)
         model = StandInModel(vocab, max(rows, len(PROMPT) + args.width + 1), device)
-        for schedule in args.schedules:
-            for sampling in args.sampling:
-                for epilogue in epilogues:
-                    for graph in graphs:
-                        per_iter, model_per_iter, accepted, tokens = run(model, schedule, args.width, sampling,
-                                                                         epilogue, graph, iters, device)
-                        rec = dict(schedule=schedule, vocab=vocab, sampling=sampling, epilogue=epilogue,
-                                   mode="graph" if graph else "eager", us_per_iter=per_iter * 1e6,
-                                   model_us_per_iter=model_per_iter * 1e6, mean_accepted=accepted,
-                                   tokens_per_iter=tokens)
-                        records.append(rec)
-                        print(f"{schedule:<10} {vocab:>6} {sampling:<13} {epilogue:<7} {rec['mode']:<5} "
-                              f"{rec['us_per_iter']:>9.1f} {rec['model_us_per_iter']:>8.1f} {accepted:>8.2f} "
-                              f"{tokens:>8.2f}", flush=True)
-                        if args.out:
-                            Path(args.out).write_text(json.dumps(dict(env=env, records=records), indent=1))
+        configs = [(s, b, p, e, g) for s in args.schedules for b in args.batch_sizes for p in args.sampling
+                   for e in epilogues for g in graphs]
+        for schedule, batch, sampling, epilogue, graph in configs:
+            per_iter, model_per_iter, accepted, tokens = run(model, schedule, args.width, sampling, epilogue, graph,
+                                                             iters, device, batch)
+            rec = dict(schedule=schedule, vocab=vocab, batch=batch, sampling=sampling, epilogue=epilogue,
+                       mode="graph" if graph else "eager", us_per_iter=per_iter * 1e6,
+                       model_us_per_iter=model_per_iter * 1e6, mean_accepted=accepted, tokens_per_iter=tokens)
+            records.append(rec)
+            print(f"{schedule:<10} {vocab:>6} {batch:>5} {sampling:<13} {epilogue:<7} {rec['mode']:<5} "
+                  f"{rec['us_per_iter']:>9.1f} {rec['model_us_per_iter']:>8.1f} {accepted:>8.2f} "
+                  f"{tokens:>8.2f}", flush=True)
+            if args.out:
+                Path(args.out).write_text(json.dumps(dict(env=env, records=records), indent=1))
     # speed-up summary: torch eager over each other configuration
-    by_key = {(r["schedule"], r["vocab"], r["sampling"], r["epilogue"], r["mode"]): r["us_per_iter"] for r in records}
+    key = ("schedule", "vocab", "batch", "sampling", "epilogue", "mode")
+    by_key = {tuple(r[k] for k in key): r["us_per_iter"] for r in records}
     print()
     print("speed-up over the torch epilogue, eager:")
-    for (schedule, vocab, sampling, epilogue, mode), us in by_key.items():
-        base = by_key.get((schedule, vocab, sampling, "torch", "eager"))
+    for (schedule, vocab, batch, sampling, epilogue, mode), us in by_key.items():
+        base = by_key.get((schedule, vocab, batch, sampling, "torch", "eager"))
         if base and (epilogue, mode) != ("torch", "eager"):
-            print(f"  {schedule:<10} {vocab:>6} {sampling:<13} {epilogue:<7} {mode:<5} x{base / us:5.1f}")
+            print(f"  {schedule:<10} {vocab:>6} {batch:>5} {sampling:<13} {epilogue:<7} {mode:<5} x{base / us:5.1f}")
     return 0
 
 

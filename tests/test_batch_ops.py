@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import packed_ss
 from packed_ss.decode.sampling import SamplingParams
 from packed_ss.runtime import loop
+from packed_ss.runtime.batch import Batch
 
 PROMPT = [3, 17, 42, 8, 9]
 BOUND = 1.2
@@ -32,7 +33,7 @@ class OpCounter(TorchDispatchMode):
 def ops_per_iteration(engine, batch: int, monkeypatch, **kwargs) -> float:
     """Mean aten ops per decode iteration outside the model forward, `batch` requests decoding together."""
     counter, iterations = OpCounter(), [0]
-    iterate, forward = loop._Batch.iterate, loop.Runtime.forward
+    iterate, forward = Batch.iterate, loop.Runtime.forward
 
     def counted_iterate(self, first):
         iterations[0] += 1
@@ -46,7 +47,7 @@ def ops_per_iteration(engine, batch: int, monkeypatch, **kwargs) -> float:
         finally:
             counter.paused = False
     with monkeypatch.context() as m:
-        m.setattr(loop._Batch, "iterate", counted_iterate)
+        m.setattr(Batch, "iterate", counted_iterate)
         m.setattr(loop.Runtime, "forward", uncounted_forward)
         engine.generate_batch([PROMPT] * batch, max_new_tokens=24, eos_token_id=[], **kwargs)
     return counter.ops / iterations[0]

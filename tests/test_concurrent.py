@@ -1,6 +1,6 @@
-"""Several callers on one Engine: generators consumed in turn and threads each get exactly what they get alone,
-and a generator closed early leaves nothing held (packed_ss/runtime/loop.py: a cache and batch per running
-decode, iterations taking turns under the runtime's lock)."""
+"""Several callers on one Engine: generators consumed in turn and threads each get exactly what they get alone;
+requests with the same sampling settings join one running batch (packed_ss/runtime/scheduler.py), and a
+generator closed early frees its slot, which the next request takes, and leaves nothing held."""
 import threading
 
 import pytest
@@ -8,6 +8,7 @@ import torch
 from tiny_models import checkpoint
 
 import packed_ss
+from packed_ss.runtime.batch import Batch
 
 PROMPTS = [[3, 17, 42, 8, 9], list(range(1, 20)), [60, 3], [11, 11, 40, 7, 7, 90, 1, 4]]
 SETTINGS = [dict(), dict(temperature=1.0, seed=3), dict(temperature=0.8, top_k=10, seed=4), dict(top_p=0.9,
@@ -44,6 +45,61 @@ def test_interleaved_streams_equal_alone(model, schedule, n):
     assert got == alone
 
 
+@pytest.fixture
+def batch_sizes(monkeypatch):
+    """The batch size of every iteration run."""
+    sizes, iterate = [], Batch.iterate
+
+    def recorded(self, first):
+        sizes.append(self.size)
+        iterate(self, first)
+    monkeypatch.setattr(Batch, "iterate", recorded)
+    return sizes
+
+
+@pytest.mark.parametrize("n", [2, 8])
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=1.0, top_k=10)], ids=["greedy", "top-k"])
+def test_interleaved_streams_share_one_batch(model, batch_sizes, n, sampling):
+    """Streams of one sampling setting (their own seeds, prompts, lengths) consumed in turn decode in one batch:
+    the scheduler's iterations run all of them together, and each gets what it gets alone."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    reqs = [dict(prompt_ids=PROMPTS[i % 4], max_new_tokens=12 + 5 * i, eos_token_id=[], seed=i, **sampling)
+            for i in range(n)]
+    alone = [engine.generate(**r).tokens for r in reqs]
+    batch_sizes.clear()
+    streams = [engine.stream(**r) for r in reqs]
+    got = [[] for _ in reqs]
+    for _ in range(200):
+        for i, s in enumerate(streams):
+            got[i] += next(s, [])
+    assert got == alone
+    assert max(batch_sizes) > n // 2, batch_sizes   # measured: 2 of 2, 7 of 8 (the first ends before the last joins)
+
+
+def test_closed_stream_frees_its_slot_for_the_next(model, batch_sizes):
+    """Two streams in one batch; the first is closed mid-way: the next request takes its slot (the batch does not
+    grow), and both the survivor and the newcomer get what they get alone."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    a, b, c = (dict(prompt_ids=PROMPTS[i], max_new_tokens=40, eos_token_id=[]) for i in range(3))
+    want_b, want_c = engine.generate(**b).tokens, engine.generate(**c).tokens
+    first, second = engine.stream(**a), engine.stream(**b)
+    got_b = next(second)
+    next(first)
+    got_b += next(second)
+    scheduler = engine.runtime.scheduler(engine.program(packed_ss.decode.sampling.SamplingParams()))
+    slots = scheduler.batch.slots
+    assert sum(r is not None for r in scheduler.running) == 2
+    first.close()
+    assert sum(r is not None for r in scheduler.running) == 1
+    third = engine.stream(**c)
+    got_c = next(third)
+    assert scheduler.batch.slots == slots and sum(r is not None for r in scheduler.running) == 2
+    for _ in range(100):
+        got_b += next(second, [])
+        got_c += next(third, [])
+    assert got_b == want_b and got_c == want_c
+
+
 def test_threads_equal_alone(model):
     engine = packed_ss.Engine(model, schedule="packed", width=3)
     reqs = requests(8)
@@ -59,6 +115,28 @@ def test_threads_equal_alone(model):
     for t in threads:
         t.join(timeout=300)
     assert got == alone
+
+
+def test_threads_share_one_batch(model, batch_sizes):
+    """Four threads calling generate with one sampling setting at once: their requests run in one batch, each
+    output what it is alone."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    reqs = [dict(prompt_ids=PROMPTS[i], max_new_tokens=30 + 4 * i, eos_token_id=[], temperature=1.0, seed=i)
+            for i in range(4)]
+    alone = [engine.generate(**r).tokens for r in reqs]
+    batch_sizes.clear()
+    got, start = [None] * 4, threading.Barrier(4)
+
+    def worker(i: int) -> None:
+        start.wait()
+        got[i] = engine.generate(**reqs[i]).tokens
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert got == alone
+    assert max(batch_sizes) >= 2, batch_sizes
 
 
 def test_closed_stream_releases_what_it_held(model):

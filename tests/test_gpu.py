@@ -21,7 +21,7 @@ from epilogue_cases import check_emitted_tokens_follow_p, differences, make_case
 from tiny_models import checkpoint
 
 import packed_ss
-import packed_ss.runtime.loop as loop_mod
+import packed_ss.runtime.batch as batch_mod
 from packed_ss.decode.epilogue import NativeEpilogue, native_available, native_unavailable_reason
 from packed_ss.decode.sampling import SamplingParams
 
@@ -43,17 +43,17 @@ def no_sync():
     """Assert that the runtime's sync check is on while iterations run (it could otherwise pass vacuously):
     every iteration, eager steps or a graph replay, of every program, native any-order decoder included."""
     seen = []
-    iterate = loop_mod._Batch.iterate
+    iterate = batch_mod.Batch.iterate
 
     def checked_iterate(self, first):
         seen.append(torch.cuda.get_sync_debug_mode())
         return iterate(self, first)
 
-    loop_mod._Batch.iterate = checked_iterate
+    batch_mod.Batch.iterate = checked_iterate
     try:
         yield
     finally:
-        loop_mod._Batch.iterate = iterate
+        batch_mod.Batch.iterate = iterate
     assert seen and min(seen) == 2, f"iterations ran with sync debug modes {sorted(set(seen))}, not 2 (error)"
 
 

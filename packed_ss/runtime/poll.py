@@ -7,12 +7,10 @@ CPU at once (there is no queue to keep full, an iteration of overshoot would be 
 table is read in place). A step after `done` changes nothing, so whatever ran past the stop is trimmed on
 the device already.
 
-Two kinds of row, one per way of consuming requests:
-- generate: [done, hold] (hold: the program asks the host to step in before the next iteration; a lone
-  state without `hold` has the row [done], which on the CPU is read straight from the state);
-- stream:   [done, hold, n_out, start, out[start : start + B]], start being the output length at the
-  previous publish and B the most tokens an iteration adds: the new tokens travel in the same read.
-At the end of a request, `fetch` reads its counts and (for generate) its output in one more read.
+Each row is [done, hold, n_out, start, out[start : start + window]]: hold asks the host to step in before
+the next iteration (a program's `resume`), start is the output length at the previous publish and window
+the most tokens a table may have to carry for a request, so the new tokens travel in the same read. At the end of a request, `fetch` reads
+its counts and output in one more read.
 """
 from __future__ import annotations
 
@@ -21,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-STREAM_HEADER = 4   # done, hold, n_out, start
+HEADER = 4   # done, hold, n_out, start
 
 
 @dataclass
@@ -29,36 +27,24 @@ class Status:
     seq: int                   # which publish this is (0: after the first prefills), to tell requests apart
     done: list[bool]           # per slot
     hold: list[bool]
-    tokens: list[list[int]]    # streaming: per slot, the tokens the iteration appended to its output
+    tokens: list[list[int]]    # per slot, the tokens the iteration appended to its output
 
 
 class Poll:
-    def __init__(self, device: torch.device, block: int, slots: int = 1, lag: int | None = None):
+    def __init__(self, device: torch.device, window: int, slots: int = 1, lag: int | None = None):
         self.cuda = device.type == "cuda"
         self.lag = (1 if self.cuda else 0) if lag is None else lag
-        self.window = torch.arange(block, device=device)
+        self.window = torch.arange(window, device=device)
         self.start = torch.zeros(slots, dtype=torch.int64, device=device)
         self.no_hold = torch.zeros(slots, dtype=torch.bool, device=device)
-        self.rows = {False: torch.zeros(slots, 2, dtype=torch.bool, device=device),
-                     True: torch.zeros(slots, STREAM_HEADER + block, dtype=torch.int64, device=device)}
+        self.table = torch.zeros(slots, HEADER + window, dtype=torch.int64, device=device)
         # Read in place when the table is host memory read at once; else through `lag + 1` host buffers
         # (pinned, with their events, on CUDA).
         self.copied = self.cuda or self.lag > 0
-        self.host = {kind: [torch.zeros(row.shape, dtype=row.dtype, pin_memory=self.cuda) for _ in range(self.lag + 1)]
-                     if self.copied else [row] for kind, row in self.rows.items()}
+        self.host = ([torch.zeros(self.table.shape, dtype=torch.int64, pin_memory=self.cuda)
+                      for _ in range(self.lag + 1)] if self.copied else [self.table])
         self.events = [torch.cuda.Event() for _ in range(self.lag + 1)] if self.cuda else None
-        self.stream = self.direct = False
         self.in_flight: deque[tuple[int, int]] = deque()   # (host buffer, seq)
-        self.issued = 0
-
-    def reset(self, state, stream: bool) -> None:
-        """New requests (streamed or not) on the batch `state`: outputs start empty, nothing is in flight."""
-        self.stream = stream
-        self.direct = not self.copied and state.batch == 1 and not hasattr(state, "hold")
-        if not self.copied:   # read in place: a lone state without `hold` is read straight from its done flag
-            self.host[False] = [state.done.view(1, 1) if self.direct else self.rows[False]]
-        self.start.zero_()
-        self.in_flight.clear()
         self.issued = 0
 
     def restart(self, slot: int) -> None:
@@ -69,26 +55,22 @@ class Poll:
         """The request in slot `src` continues in slot `dst` (device side)."""
         self.start[dst].copy_(self.start[src])
 
-    def publish(self, st, stream: bool | None = None) -> None:
+    def publish(self, st) -> None:
         """Device side (capturable): write this iteration's status table for the batch `st` (rows of slots
         past it are left as they are: nobody reads them), in a few batched ops."""
         n = st.batch
         hold = getattr(st, "hold", self.no_hold[:n])
-        if not (self.stream if stream is None else stream):
-            if not self.direct:
-                torch.stack([st.done, hold], 1, out=self.rows[False][:n])
-            return
         start = self.start[:n]
         window = st.out.gather(1, (start[:, None] + self.window).clamp(max=st.out.shape[1] - 1))
         header = torch.stack([st.done.long(), hold.long(), st.n_out, start], 1)
-        torch.cat([header, window], 1, out=self.rows[True][:n])
+        torch.cat([header, window], 1, out=self.table[:n])
         start.copy_(st.n_out)
 
     def issue(self) -> None:
         """Queue the copy of the status table to the host behind the iteration that wrote it."""
         buffer = self.issued % (self.lag + 1)
         if self.copied:
-            self.host[self.stream][buffer].copy_(self.rows[self.stream], non_blocking=True)
+            self.host[buffer].copy_(self.table, non_blocking=True)
         if self.cuda:
             self.events[buffer].record()
         self.in_flight.append((buffer, self.issued))
@@ -104,13 +86,9 @@ class Poll:
         buffer, seq = self.in_flight.popleft()
         if self.cuda:
             self.events[buffer].synchronize()
-        rows = self.host[self.stream][buffer].tolist()
-        if not self.stream:
-            return Status(seq, [bool(r[0]) for r in rows], [len(r) > 1 and bool(r[1]) for r in rows],
-                          [[] for _ in rows])
+        rows = self.host[buffer].tolist()
         return Status(seq, [bool(r[0]) for r in rows], [bool(r[1]) for r in rows],
-                      [r[STREAM_HEADER:][:r[2] - r[3]] for r in rows])
-
+                      [r[HEADER:][:r[2] - r[3]] for r in rows])
     def fetch(self, t: torch.Tensor) -> list:
         """A tensor's values on the host through a pinned copy and an event wait (no implicit sync): for
         what a request reads once at its end."""

@@ -1,0 +1,292 @@
+"""One program's requests from every caller, in one running batch: waiting and running requests, slots,
+admission, compaction, abort, and `step`, one turn of the decode loop.
+
+Callers (`Runtime.decode`: a generate, a stream, a batch, a thread) add their requests as a `Group` and drive
+the loop themselves: whichever caller needs tokens it does not have yet runs `step` under the runtime's lock,
+and every request's tokens and result land in its own group's events, so a caller gets exactly what its
+requests get alone, whoever ran the iteration that made them. A step:
+1. admits waiting requests into free slots (each its prefill alone; the batch grows when it has no free
+   slot; a request the batch's shapes do not fit waits, and holds the queue, until the batch has drained);
+2. runs one iteration of the whole batch (every step of the program, then the status table) and queues
+   the table's copy to the host;
+3. reads the table that is due (poll.py: at once on the CPU, one iteration late on CUDA) and hands out
+   its new tokens, finished requests' results (read once, when they end) and holds;
+4. once nothing waits, compacts: the running requests move to the front slots and the batch shrinks.
+A group closed early (a generator closed, an exception in its caller) aborts its requests: their slots are
+freed at the next step and nothing else changes.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import deque
+from typing import Callable
+
+import torch
+
+from .batch import Batch, padded
+from .graphs import SyncCheck
+from .request import GenerateResult, Request
+
+
+class Group:
+    """A caller's requests: how many may run at once, and what happened to them, in order (`events`: (index,
+    tokens) as iterations add them when streamed, (index, GenerateResult) when one ends)."""
+
+    def __init__(self, requests: list[Request], limit: int, stream: bool):
+        self.requests, self.limit, self.stream = requests, limit, stream
+        self.events: deque[tuple[int, list[int] | GenerateResult]] = deque()
+        self.results: list[GenerateResult | None] = [None] * len(requests)
+        self.running = self.finished = 0
+        self.aborted = False
+        self.error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finished == len(self.requests) or self.aborted or self.error is not None
+
+
+class Running:
+    """A request in a slot: its group and index, its slots (each from the first poll table that shows it
+    there), its clocks, and whether another request shared an iteration with it."""
+
+    def __init__(self, group: Group, index: int, slot: tuple[int, int], began: float, model_s: float):
+        self.group, self.index = group, index
+        self.request = group.requests[index]
+        self.slots, self.began, self.model_s = [slot], began, model_s
+        self.shared = False
+
+    def slot_at(self, seq: int) -> int | None:
+        """Its row in the table published `seq`-th, None if it was not yet admitted then."""
+        at = None
+        for since, slot in self.slots:
+            if since <= seq:
+                at = slot
+        return at
+
+
+class Scheduler:
+    def __init__(self, runtime, program):
+        self.runtime, self.program = runtime, program
+        self.waiting: deque[tuple[Group, int]] = deque()
+        self.batch: Batch | None = None
+        self.running: list[Running | None] = []
+        self.iterations = self.slot_iterations = 0   # of the current (or last) busy period
+        self.model_s = 0.0                           # model-call time of the last busy period (eager)
+        self._limit = 0                              # iterations the busy period's requests may take at most
+        self._began_model_s = 0.0
+
+    @property
+    def idle(self) -> bool:
+        return self.batch is None and not self.waiting
+
+    def add(self, requests: list[Request], limit: int, stream: bool) -> Group:
+        group = Group(requests, limit, stream)
+        self.waiting.extend((group, i) for i in range(len(requests)))
+        return group
+
+    def abort(self, group: Group) -> None:
+        """The group's requests leave: the waiting ones at once, the running ones' slots freed now (their rows
+        are marked done, so iterations change nothing there)."""
+        group.aborted = True
+        self.waiting = deque(w for w in self.waiting if w[0] is not group)
+        with torch.inference_mode():
+            for slot, r in enumerate(self.running):
+                if r is not None and r.group is group:
+                    self.batch.state.done[slot].fill_(True)
+                    self.running[slot] = None
+            self._end_if_idle()
+
+    # -- one turn of the loop ------------------------------------------------------------------------------
+    def step(self) -> None:
+        """Admit, iterate, read what is due, hand it out, compact (module docstring). Under the runtime's lock."""
+        if self.idle:
+            return
+        checked = SyncCheck() if SyncCheck.wanted(self.runtime.model.device) else contextlib.nullcontext()
+        try:
+            with torch.inference_mode():
+                started = self.batch is None
+                self._admit()
+                batch, poll = self.batch, self.batch.poll
+                if started:                       # the first table: requests may end in their prefill
+                    poll.publish(batch.live)
+                    poll.issue()
+                with checked:
+                    status = poll.read() if poll.due else None
+                    if self._may_iterate(status):
+                        self.iterations += 1
+                        if self.iterations > self._limit:
+                            raise RuntimeError("decoder made no progress; this is a bug")
+                        self.slot_iterations += batch.size
+                        live = [r for r in self.running if r is not None]
+                        for r in live if len(live) > 1 else ():
+                            r.shared = True
+                        batch.iterate(first=self.iterations == 1)
+                        poll.issue()
+                if status is not None:
+                    self._deliver(status)
+                if not self.waiting:
+                    self._compact()
+                self._end_if_idle()
+        except BaseException as err:
+            self._fail(err)
+            raise
+
+    def _may_iterate(self, status) -> bool:
+        """Whether any running request may still be live (not done in `status`) and none is held."""
+        seen = [None if r is None or status is None else r.slot_at(status.seq) for r in self.running]
+        live = any(r is not None and (b is None or not status.done[b]) for r, b in zip(self.running, seen))
+        held = any(b is not None and status.hold[b] and not status.done[b] for b in seen)
+        return live and not held
+
+    def _deliver(self, status) -> None:
+        """Hand out a table's tokens and results; resume held requests; free finished requests' slots."""
+        batch = self.batch
+        for slot, r in enumerate(self.running):
+            b = None if r is None else r.slot_at(status.seq)
+            if b is None:                               # idle, or admitted after this table
+                continue
+            if status.hold[b] and not status.done[b]:   # rare (any-order truncation; batches of one)
+                self._resume(slot)
+            if r.group.stream and status.tokens[b]:
+                r.group.events.append((r.index, status.tokens[b]))
+            if status.done[b]:
+                result = self._finish(slot, r)
+                r.group.results[r.index] = result
+                r.group.events.append((r.index, result))
+                r.group.running -= 1
+                r.group.finished += 1
+                self.running[slot] = None
+                batch.state.done[slot].fill_(True)
+
+    def _resume(self, slot: int) -> None:
+        batch, poll = self.batch, self.batch.poll
+        while poll.in_flight:
+            poll.read()                                 # iterations queued behind the hold were no-ops
+        self.program.resume(batch.state.slot(slot),
+                            lambda inp: self.runtime.forward(inp, batch.cache.rows(slot, slot + 1)))
+        poll.publish(batch.live)
+        poll.issue()
+
+    def _finish(self, slot: int, r: Running) -> GenerateResult:
+        """A finished request's counts and output, read in one fetch (plus the program's extras)."""
+        st, poll = self.batch.state.slot(slot), self.batch.poll
+        counts = torch.cat([st.nfe, st.n_verify, st.n_accepted, st.n_bonus, st.n_out])
+        output = st.out[0, : r.request.max_new_tokens]   # the batch's buffers fit its longest request
+        nfe, n_verify, n_accepted, n_bonus, n_out, *output = poll.fetch(torch.cat([counts, output]))
+        extras = self.program.finish(st, poll.fetch) if hasattr(self.program, "finish") else {}
+        # Model time is this request's alone only when it ran alone, eagerly.
+        alone = self.runtime.mode == "eager" and not r.shared
+        model_s = self.batch.clock.model_s - r.model_s if alone else math.nan
+        return GenerateResult(output[:n_out], nfe, time.perf_counter() - r.began, model_s, n_verify, n_accepted,
+                              n_bonus, **extras)
+
+    # -- slots -------------------------------------------------------------------------------------------
+    def _admissible(self) -> list[tuple[Group, int]]:
+        """The waiting requests that may start now, in order: every group within its limit, and none after one
+        the batch does not fit (it waits until the batch has drained, then a batch is made to fit it)."""
+        taken, admissible = {}, []
+        for group, i in self.waiting:
+            if group.running + taken.get(group, 0) >= group.limit:
+                continue
+            if self.batch is not None and not self.batch.fits(group.requests[i]):
+                break
+            taken[group] = taken.get(group, 0) + 1
+            admissible.append((group, i))
+        return admissible
+
+    def _admit(self) -> None:
+        admissible = self._admissible()
+        if not admissible:
+            return
+        if self.batch is None:
+            self.batch = self.runtime.hold(self.program, [g.requests[i] for g, i in admissible], len(admissible))
+            self.running = [None] * self.batch.slots
+            self.iterations = self.slot_iterations = self._limit = 0
+            self._began_model_s = self.batch.clock.model_s
+        free = [b for b, r in enumerate(self.running) if r is None]
+        if len(free) < len(admissible):
+            self._grow(len(admissible) - len(free))
+            free = [b for b, r in enumerate(self.running) if r is None]
+        joining = self.iterations > 0
+        for (group, i), slot in zip(admissible, free):
+            self.waiting.remove((group, i))
+            self._start(group, i, slot, joining)
+
+    def _start(self, group: Group, index: int, b: int, joining: bool) -> None:
+        """Request `index` of `group` into slot `b`: fresh state and its prefill alone. A program whose first
+        iteration starts later than its others (`entry`, Linear-SS) runs that iteration alone too when the
+        request joins a batch already running; any other joins the batch's next iteration."""
+        batch, request = self.batch, group.requests[index]
+        began, model_s = time.perf_counter(), batch.clock.model_s
+        st = batch.state.slot(b)
+        st.copy_(self.program.new_state(request, **batch.shape.kwargs()))
+        batch.poll.restart(b)
+        cache = batch.cache.rows(b, b + 1)
+        prompt = torch.tensor(request.prompt, dtype=torch.int64, device=self.runtime.model.device)
+        self.runtime.call(self.program.prefill(prompt), st, cache, batch.clock)
+        entry = getattr(self.program, "entry", 0)
+        if joining and entry:
+            for step in self.program.steps[entry:]:
+                self.runtime.call(step, st, cache, batch.clock)
+        self.running[b] = Running(group, index, (batch.poll.issued, b), began, model_s)
+        batch.size = max(batch.size, b + 1 if self.runtime.mode == "eager" else padded(b + 1))
+        group.running += 1
+        self._limit += request.max_new_tokens + batch.poll.lag + 3   # >= 1 token per live iteration
+
+    def _grow(self, more: int) -> None:
+        """At least `more` free slots: the running requests move to a batch of twice the slots (or as many as
+        needed), after the tables in flight are handed out."""
+        old = self.batch
+        while old.poll.in_flight:
+            self._deliver(old.poll.read())
+        running = [(b, r) for b, r in enumerate(self.running) if r is not None]
+        slots = max(2 * old.slots, len(running) + more)
+        new = self.runtime.regrow(old, slots)
+        self.running = [None] * new.slots
+        for dst, (src, r) in enumerate(running):
+            new.take(old, src, dst)
+            r.slots = [(new.poll.issued, dst)]
+            self.running[dst] = r
+        new.size = len(running) if self.runtime.mode == "eager" else padded(max(1, len(running)))
+        self.batch = new
+
+    def _compact(self) -> None:
+        """Once nothing waits, finished requests' slots stop riding along: the running requests move to the
+        front slots (state and cache copied on the device, at most once per finished request) and the batch
+        shrinks to them (compiled and graph modes: to the next power of two, so few sizes are compiled or
+        captured). A table already in flight is read with each request's slot at the time it was issued."""
+        batch = self.batch
+        live = [b for b in range(batch.size) if self.running[b] is not None]
+        size = len(live) if self.runtime.mode == "eager" else padded(max(1, len(live)))
+        if not live or size >= batch.size:
+            return
+        for slot, b in enumerate(live):
+            if slot != b:
+                batch.move(b, slot)
+                self.running[slot], self.running[b] = self.running[b], None
+                self.running[slot].slots.append((batch.poll.issued, slot))
+        batch.size = size
+
+    def _end_if_idle(self) -> None:
+        """A busy period ends when no request runs and none waits, or the next one waiting does not fit the
+        batch: the batch goes back to the runtime (the next step makes one that fits)."""
+        if self.batch is None or any(self.running):
+            return
+        if not self.waiting or not self.batch.fits(self.waiting[0][0].requests[self.waiting[0][1]]):
+            self.model_s = self.batch.clock.model_s - self._began_model_s
+            self.runtime.release(self.batch)
+            self.batch, self.running = None, []
+
+    def _fail(self, err: BaseException) -> None:
+        """An exception inside a step: every request of this scheduler ends with it (their callers raise it),
+        and the scheduler starts afresh."""
+        groups = {r.group for r in self.running if r is not None} | {g for g, _ in self.waiting}
+        for group in groups:
+            group.error = err
+        self.waiting.clear()
+        if self.batch is not None:
+            self.runtime.release(self.batch)
+        self.batch, self.running = None, []
+

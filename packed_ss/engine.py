@@ -65,7 +65,8 @@ class Engine:
         install, model and setting (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the
         same tokens in every process.
         `compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
-        torch.compile backend name); `max_seq_len` caps prompt + new tokens (default: the model's).
+        torch.compile backend name); with `cuda_graph` too, the compiled steps are what the graph captures.
+        `max_seq_len` caps prompt + new tokens (default: the model's).
 
         `epilogue`: "native" ends each step (acceptance, residual / bonus draw, emit, retain) in one call
         of the compiled epilogue (csrc/, packed_ss/epilogue/), "torch" in the plain-torch reference;
@@ -97,8 +98,6 @@ class Engine:
             raise ValueError(f"epilogue must be one of {tuple(EPILOGUES)} or None, got {epilogue!r}")
         if cuda_graph and model.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a model on a CUDA device, got {model.device}")
-        if cuda_graph and compile:
-            raise ValueError("cuda_graph=True and compile cannot be combined")
         if epilogue == "native" and compile:
             raise ValueError("compile traces the torch epilogue: use epilogue='torch' (or leave it unset)")
         self.model, self.schedule_name, self.any_order = model, schedule, any_order
@@ -109,7 +108,7 @@ class Engine:
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         mode = "graph" if cuda_graph else ("compile" if compile else "eager")
         self.runtime = Runtime(model, attention_backend(self.backend), mode,
-                               "inductor" if compile is True else (compile or "inductor"), self.max_seq_len)
+                               ("inductor" if compile is True else compile) or None, self.max_seq_len)
         self._programs: dict[SamplingParams, object] = {}
         self.width_source = "given"
         self.width = self._auto_width() if auto else width
@@ -127,7 +126,7 @@ class Engine:
         key = {"model": model_fingerprint(self.model), "device": str(self.model.device),
                "dtype": str(self.model.dtype), **machine(self.model.device), "schedule": self.schedule_name,
                "order": self.order, "epilogue": self.epilogue, "backend": self.backend, "mode": self.runtime.mode,
-               "profile": profile[kind][:len(widths)]}
+               "compile": self.runtime.compile_backend, "profile": profile[kind][:len(widths)]}
         entry, measured = remembered(key, lambda: {"width": self._measure_width(profile[kind], widths)})
         self.width_source = "measured now" if measured else f"remembered from {entry['measured_at']}"
         return entry["width"]

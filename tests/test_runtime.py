@@ -77,3 +77,21 @@ def test_graph_batch_follows_the_requests(eager_graphs):
         assert graphed.generate(prompt, **kwargs).tokens == eager.generate(prompt, **kwargs).tokens
         assert graphed.runtime._cache.capacity == capacity
     assert len(graphed.runtime._batches) == 1       # the batch on the outgrown buffer was dropped
+
+
+@pytest.mark.parametrize("schedule", ["linear", "packed"])
+def test_compiled_steps_inside_the_graph_match_eager(eager_graphs, schedule):
+    """compile with cuda_graph: each step compiled (fullgraph), the iteration of compiled steps captured; the
+    tokens are eager decoding's, alone and batched (CPU stand-ins for the capture, aot_eager for inductor)."""
+    model = packed_ss.load_model(checkpoint("llama-gqa"), dtype=torch.float32)
+    eager = packed_ss.Engine(model, schedule=schedule, width=3)
+    both = packed_ss.Engine(model, schedule=schedule, width=3, compile="aot_eager")
+    both.runtime.mode = "graph"
+    prompts = [PROMPT, list(range(1, 20)), PROMPT[:2]]
+    for kwargs in (dict(eos_token_id=[]), dict(eos_token_id=[], temperature=1.0, top_k=8, seed=4)):
+        want = eager.generate_batch(prompts, max_new_tokens=[30, 12, 20], **kwargs)
+        del eager_graphs[:]
+        got = both.generate_batch(prompts, max_new_tokens=[30, 12, 20], **kwargs)
+        assert [r.tokens for r in got] == [r.tokens for r in want]
+        assert eager_graphs                                   # iterations replayed through the "graph"
+    assert both.runtime._compiled and both.epilogue == "torch"   # the compiled steps are what was captured

@@ -30,14 +30,27 @@ from .request import GenerateResult, Request
 from .scheduler import Scheduler
 
 MODES = ("eager", "compile", "graph")
+# Every compiled step is the one lambda of Runtime.runner, so Dynamo counts all of a process's variants
+# against one code object: programs (sampling settings, widths) x steps x padded batch sizes.
+RECOMPILE_LIMIT = 64
 
 
 class Runtime:
-    """Runs programs on one model: the KV cache, the loop in one of MODES, a scheduler per program."""
+    """Runs programs on one model: the KV cache, the loop in one of MODES, a scheduler per program.
 
-    def __init__(self, model: DualModeModel, attend, mode: str = "eager", compile_backend: str = "inductor",
+    `mode`: how an iteration runs: its steps called one by one ("eager"), each step compiled with
+    torch.compile(fullgraph=True, backend=compile_backend) ("compile"), or the whole iteration captured in a
+    CUDA graph and replayed ("graph": its steps compiled inside the graph too when `compile_backend` is set,
+    so a replay launches fused kernels)."""
+
+    def __init__(self, model: DualModeModel, attend, mode: str = "eager", compile_backend: str | None = None,
                  max_seq_len: int | None = None):
+        if mode == "compile" and compile_backend is None:
+            raise ValueError("mode 'compile' needs a compile backend")
         self.model, self.attend, self.mode, self.compile_backend = model, attend, mode, compile_backend
+        if compile_backend is not None:
+            dynamo = torch._dynamo.config
+            dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         self._cache: KVCache | None = None
         self._cache_held = False                      # a running batch holds the shared cache
@@ -78,8 +91,9 @@ class Runtime:
         step.update(st, logits)
 
     def runner(self, step: Step, st, cache: KVCache, clock: Clock) -> Callable[[], None]:
-        """The step as one function: timed eagerly, compiled whole, or plain (to be captured)."""
-        if self.mode == "compile":
+        """The step as one function: timed eagerly, or compiled whole, or plain (both to be captured in graph
+        mode)."""
+        if self.mode != "eager" and self.compile_backend is not None:
             if id(step) not in self._compiled:
                 compiled = torch.compile(lambda state, kv: self.call(step, state, kv, None), fullgraph=True,
                                          backend=self.compile_backend)

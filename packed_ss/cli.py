@@ -25,7 +25,7 @@ from .model.tokenizer import load_tokenizer
 
 FORWARDED = {    # the lab's commands: name -> (module under packed_ss, help)
     "bench": ("lab.bench.schedules", "benchmark the schedules (throughput, intervals, peers)"),
-    "bench-any-order": ("lab.bench.any_order", "benchmark the any-order schedules and the native decoder"),
+    "bench-any-order": ("lab.bench.any_order", "benchmark the any-order schedules and the threshold decoder"),
     "train-drafter": ("lab.drafter.train", "train a drafting LoRA by self-distillation"),
     "profile-drafter": ("lab.drafter.measure", "measure a drafter's acceptance profile for width='auto'"),
 }
@@ -63,9 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="local model directory (HF, Nemotron-Labs-Diffusion or SetDLM layout with tokenizer.json), "
                           "or the name of a shipped model: 'default' (the tiny code model, the default) or "
                           "'any-order' (its SetDLM-style any-order sibling)")
-    gen.add_argument("--schedule", choices=["all", *SCHEDULES, "native"], default="all",
+    gen.add_argument("--schedule", choices=["all", *SCHEDULES, "threshold"], default="all",
                      help="schedule to run: ar (one token per call), linear (draft call + verify call), "
-                          "quadratic (one call, B(B+1) rows), packed (one call, 2B rows), native (any-order "
+                          "quadratic (one call, B(B+1) rows), packed (one call, 2B rows), threshold (any-order "
                           "models only: the confidence-threshold decoder), or all (default)")
     gen.add_argument("--order", choices=ORDERS, default=None,
                      help="any-order models: verification order of linear / quadratic / packed, ltr "
@@ -132,16 +132,16 @@ def generate(args) -> int:
     every = ANY_ORDER_SCHEDULES if model.cfg.any_order else SCHEDULES
     schedules = list(every) if args.schedule == "all" else [args.schedule]
     if model.cfg.any_order and args.temperature > 0:
-        if args.order == "confidence" or args.schedule == "native":
-            raise ValueError("an any-order model samples only in LTR order and not with the native decoder "
+        if args.order == "confidence" or args.schedule == "threshold":
+            raise ValueError("an any-order model samples only in LTR order and not with the threshold decoder "
                              "(see Engine); use --temperature 0, or --order ltr")
-        schedules = [s for s in schedules if s != "native"]
+        schedules = [s for s in schedules if s != "threshold"]
     if args.stream:
         name = "packed" if args.schedule == "all" else args.schedule
         return stream(Engine(model, schedule=name, width=args.width, order=args.order), tokenizer, prompt, args)
     rows, continuation = [], None
     for name in schedules:
-        order = args.order if name not in ("ar", "native") else None
+        order = args.order if name not in ("ar", "threshold") else None
         engine = Engine(model, schedule=name, width=args.width, order=order)
         log(f"decoding with {name} (W={engine.width}) ...")
         start = time.perf_counter()

@@ -77,7 +77,7 @@ class Engine:
 
         Any-order (SetDLM-style) models (`any_order: true` in config.json) decode with paper Alg. 3:
         `order` "ltr" (default) or "confidence" sets the verification order of packed / linear /
-        quadratic, and `schedule="native"` is the threshold decoder baseline; sampling needs the LTR
+        quadratic, and `schedule="threshold"` is the threshold decoder baseline (E.6); sampling needs the LTR
         order (and is exact there). They run on the same runtime: `compile`, `cuda_graph` and either
         epilogue apply to both orders.
         """
@@ -88,7 +88,7 @@ class Engine:
             raise ValueError(f"schedule must be one of {sorted(schedules)} for {kind} model, got {schedule!r}")
         if order is not None and order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS} or None, got {order!r}")
-        if order not in (None, "ltr") and (not any_order or schedule in ("ar", "native")):
+        if order not in (None, "ltr") and (not any_order or schedule in ("ar", "threshold")):
             raise ValueError(f"order={order!r} needs an any-order model and schedule packed, linear or "
                              f"quadratic; got schedule {schedule!r} on a model with any_order={any_order}")
         auto = width is None or width == "auto"
@@ -323,7 +323,7 @@ class Engine:
                 raise ValueError(f"stop_sequences must be non-empty lists of token ids in [0, {vocab}), got {seq!r}")
             sequences.append(tuple(_token_ids("stop_sequences", seq, vocab)))
         params = SamplingParams(float(temperature), top_k, None if top_p == 1 else top_p)
-        if not params.greedy and self.any_order and (self.schedule_name == "native" or self.order != "ltr"):
+        if not params.greedy and self.any_order and (self.schedule_name == "threshold" or self.order != "ltr"):
             raise ValueError(
                 f"temperature must be 0 for schedule {self.schedule_name!r} with order {self.order!r}: the native "
                 "decoder is an argmax decoder, and a confidence order ranks positions by the sampled drafts' own "

@@ -13,7 +13,7 @@ Two measurements meet here:
   on a CPU is as large as the model call's own fixed cost and favours wider calls.
 An iteration of schedule s at width W costs sum over its calls (tau + delta * rows); W = argmax of
 tokens(W) / cost(W) over 1..min(Wp, block_size - 1), the smallest on a tie. Without a profile (or for the
-AR and native schedules) the width is the fixed default. The choice is made once per engine, so a step has
+AR and threshold schedules) the width is the fixed default. The choice is made once per engine, so a step has
 one shape (one compiled graph) per engine.
 
 Timings vary with the moment (a busy machine measured once picked W = 14 where a quiet one picked 3), and a

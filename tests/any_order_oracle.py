@@ -8,7 +8,7 @@ mask query; no cache, no packing, none of the decoder's device state):
   Packed-SS scores a draft by the probability its proposal gave it, Quadratic-SS by its selected branch's,
   Linear-SS by the previous verifier's top probability), the verifier's prediction at each rank given the
   drafts of the ranks before it (eq. 8), h_t, A_t = min(h_t + 1, u_t), and the next drafts;
-- `threshold`: the native decoder of E.6, every unresolved window position predicted from P, the positions
+- `threshold`: the threshold decoder of E.6, every unresolved window position predicted from P, the positions
   with confidence >= 0.9 committed in textual order, at least the most confident one.
 Each returns the output tokens and, per iteration, the positions it verified in order and how many it
 accepted (the threshold decoder: the positions it committed), for comparison with the engine's trace.

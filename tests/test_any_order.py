@@ -11,7 +11,7 @@ from tiny_models import checkpoint, hf_model
 from packed_ss import Engine, default_model_path, load_model
 from packed_ss.decode.any_order import AnyOrderState, serial_reference
 from packed_ss.decode.any_order.rules import apply_stops
-from packed_ss.decode.any_order.schedules.native import Native
+from packed_ss.decode.any_order.schedules.threshold import Threshold
 
 SPECULATIVE = ("packed", "linear", "quadratic")
 PROMPTS = [[5, 17, 33, 2, 8], [60, 3], [11, 11, 40, 7, 7, 90, 1, 4]]
@@ -98,7 +98,7 @@ def _spy_rows(model, live_below):
     ("packed", 1, lambda p, u: p + 3 * u, 1 + 3 * 8),
     ("linear", 2, lambda p, u: p + 3 * u, 1 + 3 * 8),
     ("quadratic", 1, lambda p, u: p + 2 * u + u * u, 1 + 2 * 8 + 8 * 8),
-    ("native", 1, lambda p, u: p + u, 8 + 8),
+    ("threshold", 1, lambda p, u: p + u, 8 + 8),
     ("ar", 1, lambda p, u: p + 1, 2),
 ])
 def test_rows_per_iteration_match_table_2(trained, schedule, calls, expected, padded):
@@ -120,7 +120,7 @@ def test_rows_per_iteration_match_table_2(trained, schedule, calls, expected, pa
     per_iteration = [sum(live for _, live in c) for c in calls_of]
     for it, n in zip(out.iterations, per_iteration):
         assert n == it.rows == expected(it.pending_rows, it.window)
-    assert {it.pending_rows for it in out.iterations} <= ({0, 1} if schedule != "native" else set(range(9)))
+    assert {it.pending_rows for it in out.iterations} <= ({0, 1} if schedule != "threshold" else set(range(9)))
     if schedule in SPECULATIVE:
         assert max(per_iteration) == expected(1, 8)                # the paper's maximum column at W = 8
 
@@ -198,11 +198,11 @@ def test_apply_stops_requeues_cache_rows_that_saw_a_dropped_token():
     assert int(st.end) == 2 and int(st.n_out) == 3
 
 
-@pytest.mark.parametrize("schedule", ["packed", "quadratic", "native"])
+@pytest.mark.parametrize("schedule", ["packed", "quadratic", "threshold"])
 def test_triton_backend_matches_torch(schedule):
     """The fused kernel takes the any-order layouts (TRITON_INTERPRET=1 on the CPU)."""
     model = load_model(checkpoint("qwen3-qknorm", any_order=True))
-    order = "confidence" if schedule != "native" else None
+    order = "confidence" if schedule != "threshold" else None
     outs = [Engine(model, schedule, width=4, order=order, backend=b).generate(PROMPTS[0], 10, eos_token_id=[])
             for b in ("torch", "triton")]
     assert outs[0].tokens == outs[1].tokens and outs[0].nfe == outs[1].nfe
@@ -212,9 +212,9 @@ def test_triton_backend_matches_torch(schedule):
 def test_native_threshold_decoder(trained, monkeypatch, threshold):
     """Every call commits at least one position; a lower threshold commits several per call (this tiny
     model rarely reaches 0.9)."""
-    monkeypatch.setattr(Native, "threshold", threshold)
+    monkeypatch.setattr(Threshold, "threshold", threshold)
     model, prompts = trained
-    out = Engine(model, "native", width=8).generate(prompts[0], 48, eos_token_id=[])
+    out = Engine(model, "threshold", width=8).generate(prompts[0], 48, eos_token_id=[])
     assert len(out.tokens) == 48 and all(t is not None for t in out.tokens)
     assert all(len(it.order) >= 1 for it in out.iterations)
     assert sum(len(it.order) for it in out.iterations) == 48
@@ -236,11 +236,11 @@ def test_errors(random_model):
     with pytest.raises(ValueError, match="order"):
         Engine(ltr, "packed", order="confidence")
     with pytest.raises(ValueError, match="schedule"):
-        Engine(ltr, "native")
+        Engine(ltr, "threshold")
     with pytest.raises(ValueError, match="order must be one of"):
         Engine(random_model, "packed", order="random")
     with pytest.raises(ValueError, match="order="):
-        Engine(random_model, "native", order="confidence")
+        Engine(random_model, "threshold", order="confidence")
     with pytest.raises(ValueError, match="temperature"):
         Engine(random_model, "packed", order="confidence").generate([1, 2], 4, temperature=1.0)
     with pytest.raises(ValueError, match="stop_sequences"):

@@ -19,7 +19,7 @@ from packed_ss.runtime import Request, Runtime
 PROMPTS = [[5, 17, 33, 2, 8], [60, 3]]
 GREEDY, SAMPLED = SamplingParams(), SamplingParams(temperature=1.0, top_k=20)
 CASES = [(s, o, GREEDY, "aot_eager") for s in ("packed", "linear", "quadratic") for o in ("ltr", "confidence")] + [
-    ("native", "ltr", GREEDY, "aot_eager"), ("ar", "ltr", GREEDY, "aot_eager"), ("packed", "ltr", SAMPLED, "aot_eager"),
+    ("threshold", "ltr", GREEDY, "aot_eager"), ("ar", "ltr", GREEDY, "aot_eager"), ("packed", "ltr", SAMPLED, "aot_eager"),
     ("linear", "ltr", SAMPLED, "aot_eager"), ("packed", "confidence", GREEDY, "inductor")]
 
 
@@ -72,8 +72,8 @@ def no_host_reads(monkeypatch):
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_steps_read_nothing_and_freeze_after_done(model, monkeypatch, schedule, params):
-    if not params.greedy and schedule == "native":
-        pytest.skip("the native decoder is greedy")
+    if not params.greedy and schedule == "threshold":
+        pytest.skip("the threshold decoder is greedy")
     sched = SCHEDULES[schedule](model, 3, params, TorchEpilogue(model.device, 3, params), "ltr")
     st = sched.new_state(Request(PROMPTS[0], 6, 0, [], [(7, 8)]))
     cache = model.new_cache(64, batch=1)
@@ -93,13 +93,13 @@ def test_steps_read_nothing_and_freeze_after_done(model, monkeypatch, schedule, 
         assert all(torch.equal(before[k].nan_to_num(), v.nan_to_num()) for k, v in st.tensors().items())
 
 
-@pytest.mark.parametrize("schedule", ["packed", "linear", "quadratic", "native"])
+@pytest.mark.parametrize("schedule", ["packed", "linear", "quadratic", "threshold"])
 def test_states_padded_to_the_graph_loops_shapes_decode_alike(model, schedule):
     """The CUDA-graph loop keeps one persistent state per program, made with fixed shapes (output length,
     stop table) and overwritten per request with copy_: requests of any prompt, length and stops get states
     of those shapes, and a padded state decodes exactly as a fresh one."""
     sched = SCHEDULES[schedule](model, 3, GREEDY, TorchEpilogue(model.device, 3, GREEDY),
-                                "confidence" if schedule != "native" else "ltr")
+                                "confidence" if schedule != "threshold" else "ltr")
     shape = {"out_len": 64, "stop_slots": 8, "sequence_slots": (4, 8)}
     requests = [Request(PROMPTS[0], 12, 0, [9], [(7, 8)]), Request(PROMPTS[1], 20, 3, [], [(1, 2, 3), (4,)])]
     persistent = sched.new_state(Request([], 64, 0, [], []), **shape)

@@ -2,7 +2,7 @@
 
 The serial reference of Proposition C.1 (test_any_order.py) replays the orders the engine chose; here the
 oracles choose them: which positions each iteration verifies, in which order, how many it must accept, and
-what the native decoder commits, all recomputed from the model's own predictions. Compared token for token
+what the threshold decoder commits, all recomputed from the model's own predictions. Compared token for token
 and iteration for iteration on the shipped any-order model (with its drafting adapter and without) and on
 random tiny models. Power: an order rule that ranks by increasing score, or a threshold decoder that commits
 only the most confident position, diverges from its oracle (checked below).
@@ -14,7 +14,7 @@ from tiny_models import checkpoint
 
 import packed_ss.decode.any_order.schedules.base as schedule_base
 from packed_ss import Engine, default_model_path, load_model, load_tokenizer
-from packed_ss.decode.any_order.schedules.native import Native
+from packed_ss.decode.any_order.schedules.threshold import Threshold
 
 PROMPTS = {"shipped": ["def fibonacci(n):", "import os\n\ndef list_files(path):\n    "],
            "random": [[5, 17, 33, 2, 8], [60, 3]]}
@@ -56,11 +56,11 @@ def test_order_and_acceptance_match_the_oracle(model, schedule, order, width):
 
 @pytest.mark.parametrize("level", [0.9, 0.2])
 def test_native_decoder_matches_the_oracle(model, monkeypatch, level):
-    monkeypatch.setattr(Native, "threshold", level)
+    monkeypatch.setattr(Threshold, "threshold", level)
     model, prompts = model
     several = 0
     for prompt in prompts:
-        out = Engine(model, "native", width=8).generate(prompt, 24, eos_token_id=[])
+        out = Engine(model, "threshold", width=8).generate(prompt, 24, eos_token_id=[])
         tokens, committed = threshold(model, prompt, 8, 24, level)
         assert out.tokens == tokens
         assert [it.order for it in out.iterations] == committed
@@ -84,6 +84,6 @@ def test_oracles_see_broken_rules(monkeypatch):
     out = Engine(model, "packed", width=8, order="confidence").generate(prompts[0], 24, eos_token_id=[])
     assert engine_trace(out) != speculative(model, "packed", prompts[0], 8, 24, "confidence")[1]
     monkeypatch.undo()
-    monkeypatch.setattr(Native, "threshold", 1.1)
-    out = Engine(model, "native", width=8).generate(prompts[0], 24, eos_token_id=[])
+    monkeypatch.setattr(Threshold, "threshold", 1.1)
+    out = Engine(model, "threshold", width=8).generate(prompts[0], 24, eos_token_id=[])
     assert [it.order for it in out.iterations] != threshold(model, prompts[0], 8, 24, 0.2)[1]

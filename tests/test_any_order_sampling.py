@@ -72,6 +72,6 @@ def test_sampling_is_seeded_and_refused_where_inexact(path):
     engine = packed_ss.Engine(model, "packed", width=3)
     runs = [engine.generate(PROMPT, 12, temperature=1.0, seed=7, eos_token_id=[]).tokens for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == 12
-    for schedule, order in (("packed", "confidence"), ("native", None)):
+    for schedule, order in (("packed", "confidence"), ("threshold", None)):
         with pytest.raises(ValueError, match="temperature"):
             packed_ss.Engine(model, schedule, width=3, order=order).generate(PROMPT, 4, temperature=1.0)

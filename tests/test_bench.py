@@ -80,12 +80,12 @@ def test_quick_any_order_bench(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "bench.json").read_text())
     rows = {(r["method"], r["order"]): r for r in result["summary"]}
-    assert set(rows) == {("ar", None), ("native", None)} | {(s, o) for s in ("linear", "quadratic", "packed")
+    assert set(rows) == {("ar", None), ("threshold", None)} | {(s, o) for s in ("linear", "quadratic", "packed")
                                                             for o in ("ltr", "confidence")}
     assert len(result["records"]) == len(rows) * 2
     for (method, order), row in rows.items():
         assert 0 < row["tokens_per_nfe"] and row["throughput"] > 0
-        if method not in ("ar", "native"):
+        if method not in ("ar", "threshold"):
             assert row["same_as_serial"] == 1.0          # Proposition C.1 on every response
         if order == "ltr" or method == "ar":
             assert row["same_as_ar"] == 1.0 and row["ar_token_agreement"] == 1.0
@@ -101,7 +101,7 @@ def test_cli_generate_any_order(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout.splitlines()[-5:]
-    assert [line.split()[0] for line in table] == ["ar", "linear", "quadratic", "packed", "native"]
+    assert [line.split()[0] for line in table] == ["ar", "linear", "quadratic", "packed", "threshold"]
     proc = subprocess.run([sys.executable, "-m", "packed_ss", "generate", "x", "--model", "any-order",
                            "--order", "confidence", "--temperature", "1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "LTR order" in proc.stderr

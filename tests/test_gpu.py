@@ -41,7 +41,7 @@ def check_syncs(monkeypatch):
 @contextlib.contextmanager
 def no_sync():
     """Assert that the runtime's sync check is on while iterations run (it could otherwise pass vacuously):
-    every iteration, eager steps or a graph replay, of every program, native any-order decoder included."""
+    every iteration, eager steps or a graph replay, of every program, threshold any-order decoder included."""
     seen = []
     iterate = batch_mod.Batch.iterate
 
@@ -128,27 +128,27 @@ def test_native_matches_torch_on_gpu_greedy(model, schedule):
     assert got.tokens == ref.tokens and got.nfe == ref.nfe
 
 
-@pytest.mark.parametrize("schedule", ["packed", "linear", "quadratic", "native"])
+@pytest.mark.parametrize("schedule", ["packed", "linear", "quadratic", "threshold"])
 @pytest.mark.parametrize("order", ["ltr", "confidence"])
 def test_any_order_on_gpu_matches_serial_reference(schedule, order):
     """Any-order decoding with the fused kernel on the GPU (float32), eager and replayed from CUDA graphs,
     equals the serial reference; sampled LTR decoding is the same in both loops."""
     from packed_ss.decode.any_order import serial_reference
-    if schedule == "native" and order == "confidence":
-        pytest.skip("the native decoder has no verification order")
+    if schedule == "threshold" and order == "confidence":
+        pytest.skip("the threshold decoder has no verification order")
     model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), device="cuda")
-    opts = dict(schedule=schedule, width=4, order=None if schedule == "native" else order)
+    opts = dict(schedule=schedule, width=4, order=None if schedule == "threshold" else order)
     eager, graphed = packed_ss.Engine(model, **opts), packed_ss.Engine(model, cuda_graph=True, **opts)
     assert eager.backend == "triton"
     requests = [dict(eos_token_id=[]), dict(eos_token_id=[], stop_sequences=[[20, 21], [7, 7, 7]])]
-    if order == "ltr" and schedule != "native":
+    if order == "ltr" and schedule != "threshold":
         requests.append(dict(eos_token_id=[], temperature=1.0, top_k=20, seed=3))
     for kwargs in requests * 2:               # twice: the second round replays the captured graphs
         with no_sync():
             out, replayed = eager.generate(PROMPT, 24, **kwargs), graphed.generate(PROMPT, 24, **kwargs)
             streamed = sum(graphed.stream(PROMPT, 24, **kwargs), [])
         assert replayed.tokens == out.tokens == streamed and replayed.iterations == out.iterations
-        if schedule != "native" and "temperature" not in kwargs:
+        if schedule != "threshold" and "temperature" not in kwargs:
             assert out.tokens == serial_reference(model, PROMPT, out.iterations, 24,
                                                   [tuple(s) for s in kwargs.get("stop_sequences", [])])
 

@@ -212,7 +212,7 @@ def _any_order_cases():
     for schedule, order, sampling in (
             [(s, o, "greedy") for s in ("packed", "linear", "quadratic") for o in ("ltr", "confidence")]
             + [(s, "ltr", "sampled") for s in ("packed", "linear", "quadratic")]
-            + [("native", None, "greedy"), ("ar", None, "greedy"), ("ar", None, "sampled")]):
+            + [("threshold", None, "greedy"), ("ar", None, "greedy"), ("ar", None, "sampled")]):
         for epilogue in ("torch", "native"):
             yield pytest.param(schedule, order, sampling, epilogue,
                                id=f"{schedule}-{order or 'na'}-{sampling}-{epilogue}")

@@ -52,11 +52,11 @@ def test_graph_loop_matches_eager(eager_graphs, schedule, epilogue):
 
 
 @pytest.mark.parametrize("schedule,order", [("packed", "ltr"), ("packed", "confidence"), ("linear", "confidence"),
-                                            ("quadratic", "ltr"), ("native", None), ("ar", None)])
+                                            ("quadratic", "ltr"), ("threshold", None), ("ar", None)])
 def test_any_order_graph_loop_matches_eager(eager_graphs, schedule, order):
     model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), dtype=torch.float32)
     engines = [packed_ss.Engine(model, schedule=schedule, width=3, order=order) for _ in range(2)]
-    sampled = [] if order == "confidence" or schedule == "native" else [
+    sampled = [] if order == "confidence" or schedule == "threshold" else [
         dict(prompt=list(range(1, 20)), max_new_tokens=25, eos_token_id=[], temperature=1.0, top_k=8)]
     _check_graph_loop(*engines, eager_graphs, [
         dict(prompt=PROMPT, max_new_tokens=30, eos_token_id=[]),

@@ -35,7 +35,7 @@ def test_the_shipped_adapter_is_attached(pair):
 def cases(model):
     if not model.cfg.any_order:
         return [(s, None) for s in SCHEDULES if s != "ar"]
-    return [(s, o) for s in ANY_ORDER_SCHEDULES if s not in ("ar", "native") for o in ("ltr", "confidence")]
+    return [(s, o) for s in ANY_ORDER_SCHEDULES if s not in ("ar", "threshold") for o in ("ltr", "confidence")]
 
 
 @pytest.mark.parametrize("width", [3, 8])

@@ -29,12 +29,12 @@ def _cases():
     # an EOS in the middle of an accepted block: a frequent token of the default model made a stop token
     for schedule in ("ar", "packed", "linear", "quadratic"):
         yield {"model": "default", "schedule": schedule, "width": 4, "order": None, "stop_token_ids": [13]}
-    for schedule, orders in (("ar", (None,)), ("native", (None,)), ("linear", ("ltr", "confidence")),
+    for schedule, orders in (("ar", (None,)), ("threshold", (None,)), ("linear", ("ltr", "confidence")),
                              ("quadratic", ("ltr", "confidence")), ("packed", ("ltr", "confidence"))):
         for order in orders:
             for width in ((1,) if schedule == "ar" else (3, 8)):
                 yield {"model": "any-order", "schedule": schedule, "width": width, "order": order}
-                if order != "confidence" and schedule != "native":
+                if order != "confidence" and schedule != "threshold":
                     yield {"model": "any-order", "schedule": schedule, "width": width, "order": order,
                            "temperature": 1.0, "top_k": 50, "seed": 5}
                 yield {"model": "any-order", "schedule": schedule, "width": width, "order": order,

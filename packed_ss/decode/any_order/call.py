@@ -17,7 +17,7 @@ from .rules import gather, pending
 from .state import AnyOrderState
 
 
-class Rows:
+class Call:
     """`n_pending` N slots and `n_old` O slots of anchors, then `n_query` mask queries, the last `n_draft` of
     which are drafting rows (their logits only become proposals: a drafting adapter applies to them)."""
 

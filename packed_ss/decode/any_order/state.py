@@ -23,7 +23,7 @@ TRACE = ("window", "accepted", "drafts_accepted", "pending_rows", "rows")   # co
 @dataclass
 class Iteration:
     """What one iteration did: the order, how many ranks it accepted, and its input size."""
-    order: list[int]      # pi_t over U_t (output positions); the native decoder: the positions it committed
+    order: list[int]      # pi_t over U_t (output positions); the threshold decoder: the positions it committed
     window: int           # u_t: unresolved positions in the active window
     accepted: int         # A_t, before the stopping rule
     drafts_accepted: int  # h_t: accepted draft tokens (the rest of A_t is the verifier's own token)

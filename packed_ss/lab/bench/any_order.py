@@ -1,4 +1,4 @@
-"""Any-order benchmark (paper F.5): SetDLM-style schedules and the native decoder side by side.
+"""Any-order benchmark (paper F.5): SetDLM-style schedules and the threshold decoder side by side.
 
     python -m packed_ss bench-any-order --out DIR [options]      (or: python bench/any_order.py ...)
     python -m packed_ss bench-any-order --quick --out DIR        (about a minute)
@@ -9,7 +9,7 @@ method: tokens/NFE, throughput, time/NFE, the non-model share of decoder time (t
 any-order loop's own cost), accepted drafts per verification, and agreement: the
 share of responses identical to the serial reference of Proposition C.1 replaying the run's own
 orders (must be 1 for every speculative schedule), and to AR greedy (LTR orders must give 1; the
-confidence order and the native decoder change the greedy trajectory). Paired bootstrap 95%
+confidence order and the threshold decoder change the greedy trajectory). Paired bootstrap 95%
 intervals (same prompts for every method) against Linear-SS under the same order.
 
 Writes DIR/bench.json (every per-response record) and DIR/bench.md (the table, also printed).
@@ -37,8 +37,8 @@ from .stats import bootstrap_counts, paired, per_prompt
 
 FULL = dict(limit=40, max_new_tokens=128)
 QUICK = dict(limit=4, max_new_tokens=32)
-# (schedule, verification order) of every method compared; ar and native have no order
-ANY_ORDER_METHODS = [("ar", None), ("native", None)] + [(s, o) for o in ("ltr", "confidence")
+# (schedule, verification order) of every method compared; ar and threshold have no order
+ANY_ORDER_METHODS = [("ar", None), ("threshold", None)] + [(s, o) for o in ("ltr", "confidence")
                                                         for s in ("linear", "quadratic", "packed")]
 
 
@@ -89,7 +89,7 @@ def run(args) -> dict:
             ar = outs[("ar", None)].tokens
             for (m, o), out in outs.items():
                 serial = None
-                if args.serial and m not in ("ar", "native"):
+                if args.serial and m not in ("ar", "threshold"):
                     serial = out.tokens == serial_reference(model, ids, out.iterations, args.max_new_tokens, stops)
                 n = min(len(ar), len(out.tokens))
                 agree = sum(a == b for a, b in zip(ar, out.tokens)) / max(len(ar), len(out.tokens))
@@ -109,7 +109,7 @@ def run(args) -> dict:
 
 def summary_rows(records: list[AnyOrderRecord], n_prompts: int, args) -> list[dict]:
     """One row per method: totals, rates, agreement shares, and the paired ratios to Linear-SS under the same
-    order (LTR for ar and native) and to AR."""
+    order (LTR for ar and threshold) and to AR."""
     counts = bootstrap_counts(n_prompts, args.resamples, args.seed)
     ar = per_prompt([r for r in records if r.method == "ar"], n_prompts)
     rows = []

@@ -152,7 +152,7 @@ def any_order_markdown(result: dict) -> str:
     widths = meta.get("widths", {})
     lines = [f"Any-order schedules, W={meta['width']}, {meta['n_prompts']} HumanEval prompts, "
              f"{meta['max_new_tokens']} new tokens, greedy, {meta['threads']} thread(s); "
-             "ratios: paired bootstrap 95% CI against Linear-SS under the same order (LTR for ar / native).", "",
+             "ratios: paired bootstrap 95% CI against Linear-SS under the same order (LTR for ar / threshold).", "",
              "| method | order | W | tokens/NFE | tok/s | ms/NFE | non-model % | accepted/verify | = serial ref "
              "| = AR greedy | AR token agreement | throughput / ar | throughput / linear | tokens/NFE / linear |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -2,10 +2,10 @@
 from .ar import AR
 from .base import AnyOrderSchedule
 from .linear import Linear
-from .native import Native
+from .threshold import Threshold
 from .packed import Packed
 from .quadratic import Quadratic
 
-SCHEDULES: dict[str, type[AnyOrderSchedule]] = {s.name: s for s in (AR, Linear, Quadratic, Packed, Native)}
+SCHEDULES: dict[str, type[AnyOrderSchedule]] = {s.name: s for s in (AR, Linear, Quadratic, Packed, Threshold)}
 
 __all__ = ["SCHEDULES", "AnyOrderSchedule"]

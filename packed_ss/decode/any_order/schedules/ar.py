@@ -2,7 +2,7 @@
 Live rows: p + 1."""
 from ....runtime import Step
 from ...sampling import sample_sparse, truncated_probs
-from ..call import Rows
+from ..call import Call
 from ..rules import commit, pending, window_size
 from .base import AnyOrderSchedule
 
@@ -15,11 +15,11 @@ class AR(AnyOrderSchedule):
         super().__init__(model, 1, params, epilogue, "ltr", n_pending)   # a window of one position
 
     def build(self):
-        self.rows = Rows(self.device, self.mask_id, self.n_pending, 0, 1)
+        self.call = Call(self.device, self.mask_id, self.n_pending, 0, 1)
         return [Step(self.inputs, self.update)]
 
     def inputs(self, st):
-        return self.rows.build(st, st.rank_pos, (pending(st) - 1).expand(1))
+        return self.call.build(st, st.rank_pos, (pending(st) - 1).expand(1))
 
     def update(self, st, logits):
         active, p, u = self.active(st), pending(st), window_size(st)

@@ -33,7 +33,7 @@ def one_request(step: Step) -> Step:
 class AnyOrderSchedule:
     """prefill(prompt) caches the prompt in one counted call (E.2); `steps` are one iteration of Alg. 3.
 
-    Every call has a fixed shape: `n_pending` N slots (1; the native decoder W), W O slots where the
+    Every call has a fixed shape: `n_pending` N slots (1; the threshold decoder W), W O slots where the
     schedule verifies, then its mask queries; rows beyond p and u_t are inert padding. An iteration that
     leaves more rows pending than that (a stop sequence truncated P_t after cache rows had seen a dropped
     token) sets `hold`, and `resume()` runs the next iteration with a call wide enough for them. Sampling

@@ -8,7 +8,7 @@ p + u_t and 2u_t (Table 2).
 import torch
 
 from ....runtime import Step
-from ..call import Rows
+from ..call import Call
 from ..rules import pending, set_draft, window_size
 from .base import AnyOrderSchedule, confidence
 
@@ -17,21 +17,21 @@ class Linear(AnyOrderSchedule):
     name = "linear"
 
     def build(self):
-        self.draft_rows = Rows(self.device, self.mask_id, self.n_pending, 0, self.width, n_draft=self.width)
-        self.verify_rows = Rows(self.device, self.mask_id, 0, self.width, self.width)
+        self.draft_call = Call(self.device, self.mask_id, self.n_pending, 0, self.width, n_draft=self.width)
+        self.verify_call = Call(self.device, self.mask_id, 0, self.width, self.width)
         self.no_tokens = torch.full((self.width,), -1, dtype=torch.int64, device=self.device)
         return [Step(self.draft_inputs, self.draft_update), Step(self.verify_inputs, self.verify_update)]
 
     def draft_inputs(self, st):
-        return self.draft_rows.build(st, st.rank_pos, (pending(st) - 1).expand(self.width))
+        return self.draft_call.build(st, st.rank_pos, (pending(st) - 1).expand(self.width))
 
     def draft_update(self, st, logits):
         active = self.active(st)
-        set_draft(st, active, *self.propose(logits[self.draft_rows.n_anchor:], self.uniforms(st, active)))
+        set_draft(st, active, *self.propose(logits[self.draft_call.n_anchor:], self.uniforms(st, active)))
         st.assign(active, nfe=st.nfe + 1)
 
     def verify_inputs(self, st):
-        return self.verify_rows.build(st, st.rank_pos, self.ranks - 1, self.old_tokens(st), after_pending=True)
+        return self.verify_call.build(st, st.rank_pos, self.ranks - 1, self.old_tokens(st), after_pending=True)
 
     def verify_update(self, st, logits):
         active, p, u = self.active(st), pending(st), window_size(st)

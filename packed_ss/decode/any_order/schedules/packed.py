@@ -7,7 +7,7 @@ z^(pi_t(r)) | P_{t-1}. Live rows: p + 3u_t (Table 2); the rest is padding.
 import torch
 
 from ....runtime import Step
-from ..call import Rows
+from ..call import Call
 from ..rules import pending, set_draft, window_size
 from .base import AnyOrderSchedule
 
@@ -16,17 +16,17 @@ class Packed(AnyOrderSchedule):
     name = "packed"
 
     def build(self):
-        self.rows = Rows(self.device, self.mask_id, self.n_pending, self.width, 2 * self.width, n_draft=self.width)
+        self.call = Call(self.device, self.mask_id, self.n_pending, self.width, 2 * self.width, n_draft=self.width)
         return [Step(self.inputs, self.update)]
 
     def inputs(self, st):
         p = pending(st)
         see = torch.cat([p + self.ranks - 1, (p - 1).expand(self.width)])   # M_r: N, O_<r; R: N
-        return self.rows.build(st, st.rank_pos.repeat(2), see, self.old_tokens(st))
+        return self.call.build(st, st.rank_pos.repeat(2), see, self.old_tokens(st))
 
     def update(self, st, logits):
         active, p, u = self.active(st), pending(st), window_size(st)
-        rand, m = self.uniforms(st, active), self.rows.n_anchor
+        rand, m = self.uniforms(st, active), self.call.n_anchor
         verified, h, kappa = self.verify(st, logits[m: m + self.width])   # lines 6-7, 9
         proposal = self.propose(logits[m + self.width:], rand)            # line 8
         a = self.accept(st, active, verified, h, kappa)                   # lines 10-13

@@ -6,7 +6,7 @@ verification selects (k = A_t - 1) supplies the next draft. Live rows: p + 2u_t 
 import torch
 
 from ....runtime import Step
-from ..call import Rows
+from ..call import Call
 from ..rules import pending, set_draft, window_size
 from .base import AnyOrderSchedule
 
@@ -16,7 +16,7 @@ class Quadratic(AnyOrderSchedule):
 
     def build(self):
         w = self.width
-        self.rows = Rows(self.device, self.mask_id, self.n_pending, w, w + w * w, n_draft=w * w)
+        self.call = Call(self.device, self.mask_id, self.n_pending, w, w + w * w, n_draft=w * w)
         self.branch = torch.arange(w, device=self.device).repeat_interleave(w)   # branch of each branch row
         self.rank = torch.arange(w, device=self.device).repeat(w)                # its rank
         return [Step(self.inputs, self.update)]
@@ -25,11 +25,11 @@ class Quadratic(AnyOrderSchedule):
         p, u = pending(st), window_size(st)
         branch_pos = torch.where(self.branch < u, st.rank_pos[self.rank], -1)
         see = torch.cat([p + self.ranks - 1, p + self.branch - 1])
-        return self.rows.build(st, torch.cat([st.rank_pos, branch_pos]), see, self.old_tokens(st))
+        return self.call.build(st, torch.cat([st.rank_pos, branch_pos]), see, self.old_tokens(st))
 
     def update(self, st, logits):
         active, p, u = self.active(st), pending(st), window_size(st)
-        rand, m, w = self.uniforms(st, active), self.rows.n_anchor, self.width
+        rand, m, w = self.uniforms(st, active), self.call.n_anchor, self.width
         verified, h, kappa = self.verify(st, logits[m: m + w])
         a = self.accept(st, active, verified, h, kappa)
         branch = logits.index_select(0, m + w + (a - 1).clamp(min=0) * w + self.ranks)

@@ -7,13 +7,13 @@ Live rows: p + u_t.
 import torch
 
 from ....runtime import Step
-from ..call import Rows
+from ..call import Call
 from ..rules import commit, pending, window_size
 from .base import AnyOrderSchedule, confidence
 
 
-class Native(AnyOrderSchedule):
-    name = "native"
+class Threshold(AnyOrderSchedule):
+    name = "threshold"
     verifies = False
     threshold = 0.9
 
@@ -24,15 +24,15 @@ class Native(AnyOrderSchedule):
         return self.width
 
     def build(self):
-        self.rows = Rows(self.device, self.mask_id, self.n_pending, 0, self.width)
+        self.call = Call(self.device, self.mask_id, self.n_pending, 0, self.width)
         return [Step(self.inputs, self.update)]
 
     def inputs(self, st):
-        return self.rows.build(st, st.rank_pos, (pending(st) - 1).expand(self.width))
+        return self.call.build(st, st.rank_pos, (pending(st) - 1).expand(self.width))
 
     def update(self, st, logits):
         active, p, u = self.active(st), pending(st), window_size(st)
-        masks = logits[self.rows.n_anchor:]
+        masks = logits[self.call.n_anchor:]
         tokens = masks.argmax(-1)
         live = st.rank_pos >= 0
         conf = torch.where(live, confidence(masks, tokens).double(), -1.0)

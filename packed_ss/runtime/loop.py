@@ -59,6 +59,7 @@ class Runtime:
         self._batches: dict[tuple, Batch] = {}        # (id(program), slots) -> persistent batch (graph mode)
         self._schedulers: dict[int, tuple[object, Scheduler]] = {}   # id(program) -> (program, its scheduler)
         self._last: Scheduler | None = None
+        self._callers = 0                             # decodes running now (generators, threads)
 
     # -- what the last busy period of a scheduler did (benchmarks) -----------------------------------------
     @property
@@ -194,6 +195,7 @@ class Runtime:
         scheduler = self.scheduler(program)
         with self._lock:
             group = scheduler.add(requests, slots, stream)
+            self._callers += 1
         try:
             while True:
                 with self._lock:                # one step at a time: other callers join or step in between
@@ -205,7 +207,8 @@ class Runtime:
                         scheduler.step()
                         self._last = scheduler
                 if waiting:
-                    time.sleep(0)               # a caller waiting for the lock (a thread) may join now
+                    if self._callers > 1:
+                        time.sleep(0)           # another caller waiting for the lock (a thread) steps in now
                     continue
                 for index, event in events:
                     if isinstance(event, GenerateResult):
@@ -216,6 +219,7 @@ class Runtime:
                 if group.done and not group.events:
                     return group.results
         finally:
-            if not group.done:
-                with self._lock:
+            with self._lock:
+                self._callers -= 1
+                if not group.done:
                     scheduler.abort(group)

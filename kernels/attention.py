@@ -55,7 +55,7 @@ def _online_update(acc, m_i, l_i, q, k, v, visible, scale_log2, PREC: tl.constex
 @triton.jit
 def _packed_attention_kernel(
     Q, K, V, KC, VC, Out, OPart, MPart, LPart, cache_len_ptr, seg_ptr, see_ptr,
-    R, n_anchor, HKV, scale_log2, s_cl,
+    R, n_anchor, HKV, scale_log2, s_cl, s_see,
     s_qb, s_qr, s_qh, s_kb, s_kr, s_kh, s_vb, s_vr, s_vh,
     s_kcb, s_kch, s_kcs, s_vcb, s_vch, s_vcs, s_ob, s_or, s_oh,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -96,7 +96,7 @@ def _packed_attention_kernel(
     head = hkv * G + offs_m % G
     row_ok = row < R
     q = tl.load(Q + row[:, None] * s_qr + head[:, None] * s_qh + offs_d[None, :], mask=row_ok[:, None] & d_ok)
-    see_r = tl.load(see_ptr + row, mask=row_ok, other=-1)
+    see_r = tl.load(see_ptr + b64 * s_see + row, mask=row_ok, other=-1)
     seg_r = tl.load(seg_ptr + row, mask=row_ok, other=0)
 
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -236,6 +236,7 @@ def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale
     _packed_attention_kernel[(m_blocks, batch * kv_heads, splits)](
         q, k, v, k_cache, v_cache, out, o_part, m_part, l_part, cache_len, layout.seg, layout.see,
         rows, layout.n_anchor, kv_heads, scale * _LOG2E, cache_len.stride(0),
+        layout.see.stride(0) if layout.see.dim() == 2 and layout.see.shape[0] > 1 else 0,   # [1, R]: shared
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
         G=group, D=dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=splits,

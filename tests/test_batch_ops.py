@@ -89,3 +89,21 @@ def test_the_count_sees_a_per_request_step(model, monkeypatch):
     monkeypatch.setattr(step, "update", per_request)
     many = ops_per_iteration(engine, 16, monkeypatch)
     assert many > 8 * one, (one, many)
+
+
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
+def test_prompts_admitted_together_prefill_in_one_call(model, monkeypatch, schedule):
+    """16 prompts of 16 lengths admitted together: one model call prefills them all (with one new token each,
+    nothing else runs), and every request gets its tokens alone."""
+    engine = packed_ss.Engine(model, schedule=schedule, width=3)
+    prompts = [(PROMPT * 4)[:3 + i] for i in range(16)]
+    alone = [engine.generate(p, max_new_tokens=1, eos_token_id=[]).tokens for p in prompts]
+    calls, forward = [], loop.Runtime.forward
+
+    def counted(self, inp, cache):
+        calls.append(tuple(inp.tokens.shape))
+        return forward(self, inp, cache)
+    monkeypatch.setattr(loop.Runtime, "forward", counted)
+    got = [r.tokens for r in engine.generate_batch(prompts, max_new_tokens=1, eos_token_id=[])]
+    assert got == alone
+    assert len(calls) == 1 and calls[0][0] == 16, calls

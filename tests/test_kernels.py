@@ -19,7 +19,7 @@ from packed_ss.decode.epilogue import TorchEpilogue
 from packed_ss.decode.sampling import SamplingParams
 from packed_ss.decode.schedules import SCHEDULES
 from packed_ss.decode.state import DecodeState
-from packed_ss.model.attention import packed_attention_ref, write_anchors
+from packed_ss.model.attention import Layout, packed_attention_ref, write_anchors
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -156,6 +156,32 @@ def test_batch(kind, group, splits, dtype):
     torch.testing.assert_close(v_all, want_v, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_batch_with_a_see_row_per_request(dtype):
+    """The prefill of prompts of several lengths in one call: `see` [B, R], a row per request (a request's mask
+    rows see its own prompt, the shorter prompts padded after their end). One launch equals the reference run
+    on each request alone with its own row of `see`; its anchors land in its own cache."""
+    model = SimpleNamespace(device=DEVICE, cfg=SimpleNamespace(mask_token_id=0))
+    sched = SCHEDULES["packed"](model, 3, SamplingParams(), TorchEpilogue(DEVICE, 3, SamplingParams()))
+    prompts = [torch.zeros(n, dtype=torch.int64, device=DEVICE) for n in (7, 2, 5)]
+    lay = sched.prefill(*prompts).inputs(None).layout
+    assert lay.see.shape == (3, lay.rows)
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    q, k, v = (torch.randn(3, lay.rows, h, 16, generator=gen).to(DEVICE, dtype) for h in (4, 2, 2))
+    k_cache, v_cache = (torch.randn(3, 2, CAPACITY, 16, generator=gen).to(DEVICE, dtype) for _ in range(2))
+    length, scale = torch.zeros(3, dtype=torch.int64, device=DEVICE), 16 ** -0.5
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    out = packed_attention(q, k, v, k_cache, v_cache, length, lay, scale)
+    for b in range(3):
+        write_anchors(want_k[b], want_v[b], k[b], v[b], length[b], lay.n_anchor)
+        own = Layout(lay.n_anchor, lay.seg, lay.see[b], lay.draft_from)
+        ref = packed_attention_ref(q[b].double(), k[b].double(), v[b].double(), want_k[b].double(),
+                                   want_v[b].double(), length[b], own, scale)
+        torch.testing.assert_close(out[b].double(), ref, rtol=TOL[dtype], atol=TOL[dtype])
+    torch.testing.assert_close(k_cache, want_k, rtol=0, atol=0)
+    torch.testing.assert_close(v_cache, want_v, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("kind", LAYOUTS)
 def test_batched_reference(kind, group):
@@ -227,7 +253,7 @@ AOT = textwrap.dedent("""
         build(_packed_attention_kernel,
               dict(Q=p, K=p, V=p, KC=p, VC=p, Out=p, OPart="*fp32", MPart="*fp32", LPart="*fp32",
                    cache_len_ptr="*i64", seg_ptr="*i64", see_ptr="*i64", R="i32", n_anchor="i32", HKV="i32",
-                   scale_log2="fp32", s_cl="i32", **i32("s_qb s_qr s_qh s_kb s_kr s_kh s_vb s_vr s_vh "
+                   scale_log2="fp32", s_cl="i32", s_see="i32", **i32("s_qb s_qr s_qh s_kb s_kr s_kh s_vb s_vr s_vh "
                                                         "s_kcb s_kch s_kcs s_vcb s_vch s_vcs s_ob s_or s_oh")),
               dict(G=g, D=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_N=64, NUM_SPLITS=splits, PREC=prec), num_warps=4)
     build(_combine_kernel, dict(Out="*bf16", OPart="*fp32", MPart="*fp32", LPart="*fp32",

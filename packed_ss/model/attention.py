@@ -10,7 +10,8 @@ also have scratch rows that verify, which must stay base rows.
 
 The mask is never materialised by the caller; it follows from O(rows) metadata:
 - row r sees cache slot j  iff  j < cache_len + see[r] + 1   (anchors: see[r] = r, i.e. causal;
-  a scratch row sees the cache plus the anchors up to see[r], -1 for none);
+  a scratch row sees the cache plus the anchors up to see[r], -1 for none; in a batch, see may also be
+  [B, R], a row per request: the prefill of prompts of several lengths);
 - scratch rows r, c see each other iff seg[r] == seg[c]       (anchors have seg 0, scratch seg >= 1).
 
 A call may also be a batch of B requests that share the Layout but each have their own cache and cache
@@ -32,7 +33,7 @@ class Layout:
     """Static shape of one call: anchors first, then scratch rows grouped by segment id."""
     n_anchor: int
     seg: torch.Tensor   # [R] int64, 0 for anchors, >= 1 for scratch rows
-    see: torch.Tensor   # [R] int64, last visible anchor index relative to cache_len (-1: cache only)
+    see: torch.Tensor   # [R] (or [B, R], per request) int64: last visible anchor relative to cache_len (-1: none)
     draft_from: int | None = None   # rows >= draft_from are drafting rows (a static slice); None: none
 
     @property

@@ -47,10 +47,6 @@ class Poll:
         self.in_flight: deque[tuple[int, int]] = deque()   # (host buffer, seq)
         self.issued = 0
 
-    def restart(self, slot: int) -> None:
-        """A new request in `slot`: its output starts empty (device side)."""
-        self.start[slot].zero_()
-
     def move(self, src: int, dst: int) -> None:
         """The request in slot `src` continues in slot `dst` (device side)."""
         self.start[dst].copy_(self.start[src])

@@ -1,7 +1,8 @@
 """What the runtime drives: a program's steps, each one model call and an in-place state update.
 
 A *program* is a schedule bound to a model, width, sampling parameters and epilogue. It offers
-`new_state(request, **shape)`, `prefill(prompt) -> Step` (the first call) and `steps` (one iteration),
+`new_state(request, **shape)`, `prefill(*prompts) -> Step` (the first call of requests admitted together,
+their fresh states stacked; `max_batch` caps how many share a batch) and `steps` (one iteration),
 plus `block`, the most tokens one iteration can add to the output, `reserve`, the cache slots a call
 may write past the output, and optionally `entry`, the step a request's first iteration starts at. The
 host polls after the last step of every iteration. Its state is a dataclass of device tensors, each with a

@@ -29,6 +29,8 @@ from .batch import Batch, padded
 from .graphs import SyncCheck
 from .request import GenerateResult, Request
 
+MAX_SLOTS = 256   # requests in one batch at most
+
 
 class Group:
     """A caller's requests: how many may run at once, and what happened to them, in order (`events`: (index,
@@ -197,52 +199,64 @@ class Scheduler:
         return admissible
 
     def _admit(self) -> None:
+        most = getattr(self.program, "max_batch", None) or MAX_SLOTS
         admissible = self._admissible()
+        if self.batch is not None and self.batch.slots >= most:    # it cannot grow: the free slots only
+            admissible = admissible[:sum(r is None for r in self.running)]
         if not admissible:
             return
         if self.batch is None:
+            admissible = admissible[:most]
             self.batch = self.runtime.hold(self.program, [g.requests[i] for g, i in admissible], len(admissible))
             self.running = [None] * self.batch.slots
             self.iterations = self.slot_iterations = self._limit = 0
             self._began_model_s = self.batch.clock.model_s
         free = [b for b, r in enumerate(self.running) if r is None]
         if len(free) < len(admissible):
-            self._grow(len(admissible) - len(free))
+            self._grow(len(admissible) - len(free), most)
             free = [b for b, r in enumerate(self.running) if r is None]
-        joining = self.iterations > 0
-        for (group, i), slot in zip(admissible, free):
-            self.waiting.remove((group, i))
-            self._start(group, i, slot, joining)
+        admissible = admissible[:len(free)]
+        for entry in admissible:
+            self.waiting.remove(entry)
+        starts = list(zip(free, admissible))
+        while starts:       # each run of consecutive free slots prefills in one call
+            run = 1
+            while run < len(starts) and starts[run][0] == starts[0][0] + run:
+                run += 1
+            self._start(starts[0][0], [entry for _, entry in starts[:run]])
+            starts = starts[run:]
 
-    def _start(self, group: Group, index: int, b: int, joining: bool) -> None:
-        """Request `index` of `group` into slot `b`: fresh state and its prefill alone. A program whose first
-        iteration starts later than its others (`entry`, Linear-SS) runs that iteration alone too when the
-        request joins a batch already running; any other joins the batch's next iteration."""
-        batch, request = self.batch, group.requests[index]
+    def _start(self, first: int, entries: list[tuple[Group, int]]) -> None:
+        """Requests `entries` into slots first, first + 1, ...: fresh states and one prefill call for all of
+        them. A program whose first iteration starts later than its others (`entry`, Linear-SS) runs that
+        iteration for them too when they join a batch already running; any other joins the batch's next
+        iteration."""
+        batch, end = self.batch, first + len(entries)
+        requests = [group.requests[i] for group, i in entries]
         began, model_s = time.perf_counter(), batch.clock.model_s
-        st = batch.state.slot(b)
-        st.copy_(self.program.new_state(request, **batch.shape.kwargs()))
-        batch.poll.restart(b)
-        cache = batch.cache.rows(b, b + 1)
-        prompt = torch.tensor(request.prompt, dtype=torch.int64, device=self.runtime.model.device)
-        self.runtime.call(self.program.prefill(prompt), st, cache, batch.clock)
-        entry = getattr(self.program, "entry", 0)
-        if joining and entry:
-            for step in self.program.steps[entry:]:
+        st, cache = batch.state.rows(first, end), batch.cache.rows(first, end)
+        st.copy_(type(st).cat([self.program.new_state(r, **batch.shape.kwargs()) for r in requests]))
+        batch.poll.start[first:end].zero_()
+        device = self.runtime.model.device
+        prompts = [torch.tensor(r.prompt, dtype=torch.int64, device=device) for r in requests]
+        self.runtime.call(self.program.prefill(*prompts), st, cache, batch.clock)
+        if self.iterations > 0 and getattr(self.program, "entry", 0):
+            for step in self.program.steps[self.program.entry:]:
                 self.runtime.call(step, st, cache, batch.clock)
-        self.running[b] = Running(group, index, (batch.poll.issued, b), began, model_s)
-        batch.size = max(batch.size, b + 1 if self.runtime.mode == "eager" else padded(b + 1))
-        group.running += 1
-        self._limit += request.max_new_tokens + batch.poll.lag + 3   # >= 1 token per live iteration
+        for b, (group, i) in enumerate(entries, first):
+            self.running[b] = Running(group, i, (batch.poll.issued, b), began, model_s)
+            group.running += 1
+            self._limit += group.requests[i].max_new_tokens + batch.poll.lag + 3   # >= 1 token per live iteration
+        batch.size = max(batch.size, end if self.runtime.mode == "eager" else padded(end))
 
-    def _grow(self, more: int) -> None:
+    def _grow(self, more: int, most: int) -> None:
         """At least `more` free slots: the running requests move to a batch of twice the slots (or as many as
-        needed), after the tables in flight are handed out."""
+        needed; at most `most`), after the tables in flight are handed out."""
         old = self.batch
         while old.poll.in_flight:
             self._deliver(old.poll.read())
         running = [(b, r) for b, r in enumerate(self.running) if r is not None]
-        slots = max(2 * old.slots, len(running) + more)
+        slots = min(max(2 * old.slots, len(running) + more), most)
         new = self.runtime.regrow(old, slots)
         self.running = [None] * new.slots
         for dst, (src, r) in enumerate(running):

@@ -21,7 +21,7 @@ def layout(device, n_anchor: int, scratch_seg=(), scratch_see=()) -> Layout:
 
 
 class Schedule:
-    """A decoding schedule, the program the runtime drives: `prefill(prompt)`, then `steps` until done.
+    """A decoding schedule, the program the runtime drives: `prefill(*prompts)`, then `steps` until done.
 
     Subclasses set `name`, `drafts` (whether the prefill call also drafts W+1 positions) and `steps`; each
     step builds one input [B, R] for the whole batch and ends in one call of the epilogue on its logits
@@ -60,19 +60,28 @@ class Schedule:
                                out_len, stop_slots, sequences, sequence_slots)
 
     # -- the first call: prompt (causal, cached) plus W+1 masks (paper E.2) ---------------------------
-    def prefill(self, prompt: torch.Tensor) -> Step:
-        """The prompt's last row draws the first token; its W+1 mask rows draft the first block. One request:
-        its state is a batch of one."""
-        n0, n_masks = prompt.numel(), self.block if self.drafts else 0
-        lay = layout(self.device, n0, [1] * n_masks, [n0 - 1] * n_masks)
-        tokens = torch.cat([prompt, self.masks(n_masks)])[None]
-        positions = torch.arange(n0 + n_masks, device=self.device)[None]
-        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+    def prefill(self, *prompts: torch.Tensor) -> Step:
+        """The first call of requests admitted together, one row of [prompt, MASK^(W+1)] each: a prompt's
+        last row draws its first token, its W+1 mask rows, which see that prompt alone, draft its first block.
+        Prompts shorter than the longest are padded after their end with anchors whose K/V land in cache
+        slots no later call sees (the cache length stops at the prompt), so a request's rows compute what they
+        compute alone."""
+        lengths = torch.tensor([p.numel() for p in prompts], device=self.device)
+        n, n_masks = max(p.numel() for p in prompts), self.block if self.drafts else 0
+        pad = lambda p: self.masks(n - p.numel())                                   # noqa: E731
+        tokens = torch.stack([torch.cat([p, pad(p), self.masks(n_masks)]) for p in prompts])
+        anchors, masks = torch.arange(n, device=self.device), torch.arange(n_masks, device=self.device)
+        positions = torch.cat([anchors.expand(len(prompts), -1), lengths[:, None] + masks], 1)
+        see = torch.cat([anchors.expand(len(prompts), -1), (lengths - 1)[:, None].expand(-1, n_masks)], 1)
+        seg = torch.tensor([0] * n + [1] * n_masks, device=self.device)
+        lay = Layout(n, seg, see, n if n_masks else None)
+        zero = torch.zeros(len(prompts), dtype=torch.int64, device=self.device)
+        rows = torch.cat([(lengths - 1)[:, None], n + masks.expand(len(prompts), -1)], 1)   # [B, 1 + n_masks]
 
         def update(st: DecodeState, logits: torch.Tensor) -> None:
-            st.cache_len.fill_(n0 - 1)   # the last prompt row plays the role of `last` when emitting
-            rows = self.epilogue.rows(logits[:, n0 - 1:])
-            self.epilogue.step(st, token=rows[:1], propose=rows[1:] if n_masks else None,
+            st.cache_len.copy_(lengths - 1)   # the last prompt row plays the role of `last` when emitting
+            ours = self.epilogue.rows(logits.gather(1, rows[:, :, None].expand(-1, -1, logits.shape[2])))
+            self.epilogue.step(st, token=ours[:1], propose=ours[1:] if n_masks else None,
                                retain="a" if n_masks else None)
 
         return Step(lambda st: ModelInput(tokens, positions, lay, zero), update)

@@ -42,6 +42,7 @@ class AnyOrderSchedule:
     """
     name = ""
     verifies = True   # counts toward n_verify / n_accepted
+    max_batch = 1     # requests in a batch: a call's layout follows its request's own window
 
     def __init__(self, model, width: int, params: SamplingParams, epilogue: Epilogue, order: str = "ltr",
                  n_pending: int | None = None):
@@ -71,8 +72,10 @@ class AnyOrderSchedule:
         return AnyOrderState.new(self.width, support, len(request.prompt), request.max_new_tokens, request.seed,
                                  stops, self.device, out_len, ((stop_slots or 0) + n_seq, seq_len))
 
-    def prefill(self, prompt: torch.Tensor) -> Step:
-        """The prompt as causal anchors at positions 0..n0-1 (one counted call), then the first window."""
+    def prefill(self, *prompts: torch.Tensor) -> Step:
+        """The prompt as causal anchors at positions 0..n0-1 (one counted call), then the first window. One
+        request at a time (`max_batch`)."""
+        (prompt,) = prompts
         anchors = torch.arange(prompt.numel(), device=self.device)
         layout = Layout(prompt.numel(), torch.zeros_like(anchors), anchors)
         zero = torch.zeros((), dtype=torch.int64, device=self.device)

@@ -168,3 +168,18 @@ def test_interleaved_streams_in_graph_mode(model, eager_graphs):
         for i, s in enumerate(streams):
             got[i] += next(s, [])
     assert got == alone and eager_graphs
+
+
+def test_any_order_streams_take_turns(batch_sizes):
+    """An any-order request's calls follow its own window: two interleaved streams of one setting never share a
+    batch (max_batch 1), the second waits for the first, and both get what they get alone."""
+    model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), dtype=torch.float32)
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    reqs = [dict(prompt_ids=PROMPTS[i], max_new_tokens=20, eos_token_id=[]) for i in range(2)]
+    alone = [engine.generate(**r).tokens for r in reqs]
+    batch_sizes.clear()
+    streams, got = [engine.stream(**r) for r in reqs], [[], []]
+    for _ in range(100):
+        for i, s in enumerate(streams):
+            got[i] += next(s, [])
+    assert got == alone and max(batch_sizes) == 1

@@ -100,6 +100,15 @@ def test_closed_stream_frees_its_slot_for_the_next(model, batch_sizes):
     assert got_b == want_b and got_c == want_c
 
 
+def run_threads(worker, n: int) -> None:
+    """worker(0) .. worker(n - 1) on threads of their own, until all are done."""
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+
+
 def test_threads_equal_alone(model):
     engine = packed_ss.Engine(model, schedule="packed", width=3)
     reqs = requests(8)
@@ -109,11 +118,7 @@ def test_threads_equal_alone(model):
     def worker(k: int) -> None:
         for i in range(k, len(reqs), 4):
             got[i] = engine.generate(**reqs[i]).tokens
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    run_threads(worker, 4)
     assert got == alone
 
 
@@ -130,11 +135,7 @@ def test_threads_share_one_batch(model, batch_sizes):
     def worker(i: int) -> None:
         start.wait()
         got[i] = engine.generate(**reqs[i]).tokens
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    run_threads(worker, 4)
     assert got == alone
     assert max(batch_sizes) >= 2, batch_sizes
 

@@ -70,8 +70,8 @@ class Engine:
 
         `epilogue`: "native" ends each step (acceptance, residual / bonus draw, emit, retain) in one call
         of the compiled epilogue (csrc/, packed_ss/epilogue/), "torch" in the plain-torch reference;
-        both give identical tokens. Default: native when it is built for the model's device and
-        `compile` is off, else torch (with a warning saying why).
+        both give identical tokens. Default: native when it is built for the model's device, else
+        torch (with a warning saying why); a compiled step calls it as a torch operator.
         `cuda_graph`: on CUDA, capture each decode iteration once and replay it; the host only polls the
         stop flag, copied asynchronously and read one iteration late.
 
@@ -98,13 +98,11 @@ class Engine:
             raise ValueError(f"epilogue must be one of {tuple(EPILOGUES)} or None, got {epilogue!r}")
         if cuda_graph and model.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a model on a CUDA device, got {model.device}")
-        if epilogue == "native" and compile:
-            raise ValueError("compile traces the torch epilogue: use epilogue='torch' (or leave it unset)")
         self.model, self.schedule_name, self.any_order = model, schedule, any_order
         self.order = order or "ltr"
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         _check_int("max_seq_len", self.max_seq_len, 2)
-        self.epilogue = self._pick_epilogue(epilogue, bool(compile), model.device)
+        self.epilogue = self._pick_epilogue(epilogue, model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         mode = "graph" if cuda_graph else ("compile" if compile else "eager")
         self.runtime = Runtime(model, attention_backend(self.backend), mode,
@@ -155,8 +153,8 @@ class Engine:
         return self._drain(self.runtime.decode(self._build(width, params, self.epilogue), [request]))[0]
 
     @staticmethod
-    def _pick_epilogue(epilogue: str | None, compiled: bool, device) -> str:
-        if epilogue == "torch" or (epilogue is None and compiled):
+    def _pick_epilogue(epilogue: str | None, device) -> str:
+        if epilogue == "torch":
             return "torch"
         reason = native_unavailable_reason(device)
         if reason is None:

@@ -23,6 +23,8 @@ from host_reads import count_host_reads
 from tiny_models import checkpoint
 
 import packed_ss
+import packed_ss.decode.epilogue.native as native_mod
+import packed_ss.decode.epilogue.operator as operator_mod
 from packed_ss.cli import main
 from packed_ss.decode.epilogue import native_available
 
@@ -187,13 +189,22 @@ def test_stream_batch_yields_each_requests_tokens(request, model, mode):
         engine.stream_batch(PROMPTS[:2], max_new_tokens=[3, 0])
 
 
-def test_compiled_batch_with_staggered_requests(model):
+@pytest.mark.parametrize("schedule", ["packed", "quadratic"])
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_compiled_batch_with_staggered_requests(model, monkeypatch, schedule, epilogue):
     """compile=True with 12 requests of staggered lengths: the batch starts at 16 slots and shrinks through powers
     of two, so the step compiles for a few sizes (under dynamo's recompile limit with fullgraph=True; every exact
-    size used to recompile until FailOnRecompileLimitHit), and the tokens equal eager decoding's."""
+    size used to recompile until FailOnRecompileLimitHit), and the tokens equal eager decoding's. The native
+    epilogue runs inside the compiled step as the torch operator packed_ss::epilogue_step (Quadratic-SS: its
+    verify and commit halves, a branch picked between them)."""
     torch._dynamo.reset()
     prompts = [PROMPTS[0][: 1 + i % 5] + [i] for i in range(12)]
     kwargs = dict(max_new_tokens=[4 + 3 * i for i in range(12)], eos_token_id=[], temperature=1.0, seed=0)
-    eager = packed_ss.Engine(model, "packed", width=3).generate_batch(prompts, **kwargs)
-    compiled = packed_ss.Engine(model, "packed", width=3, compile="aot_eager").generate_batch(prompts, **kwargs)
-    assert [r.tokens for r in compiled] == [r.tokens for r in eager]
+    eager = packed_ss.Engine(model, schedule, width=3, epilogue=epilogue).generate_batch(prompts, **kwargs)
+    calls, op = [], operator_mod.epilogue_step
+    monkeypatch.setattr(operator_mod, "epilogue_step", lambda *args: (calls.append(1), op(*args))[1])
+    monkeypatch.setattr(native_mod, "epilogue_step", operator_mod.epilogue_step)
+    compiled = packed_ss.Engine(model, schedule, width=3, compile="aot_eager", epilogue=epilogue)
+    assert compiled.epilogue == epilogue
+    assert [r.tokens for r in compiled.generate_batch(prompts, **kwargs)] == [r.tokens for r in eager]
+    assert bool(calls) == (epilogue == "native")     # traced: the operator, never the raw call

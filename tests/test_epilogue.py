@@ -141,9 +141,9 @@ def test_any_order_native_matches_torch(schedule, order, sampling):
 
 # -- 4. selection and errors -------------------------------------------------------------------------------
 @needs_native
-def test_default_is_native_unless_compiled(model):
+def test_default_is_native_compiled_or_not(model):
     assert packed_ss.Engine(model).epilogue == "native"
-    assert packed_ss.Engine(model, compile="aot_eager").epilogue == "torch"
+    assert packed_ss.Engine(model, compile="aot_eager").epilogue == "native"   # called as a torch operator
     assert packed_ss.Engine(model, epilogue="torch").epilogue == "torch"
 
 
@@ -162,7 +162,6 @@ def test_missing_module_degrades_to_torch_with_a_message(model, monkeypatch):
 @pytest.mark.parametrize("kwargs,error,message", [
     (dict(epilogue="cuda"), ValueError, "epilogue must be one of"),
     (dict(cuda_graph=True), ValueError, "cuda_graph=True needs a model on a CUDA device"),
-    (dict(epilogue="native", compile=True), ValueError, "compile traces the torch epilogue"),
 ])
 def test_bad_epilogue_arguments(model, kwargs, error, message):
     with pytest.raises(error, match=message):

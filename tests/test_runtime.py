@@ -94,4 +94,4 @@ def test_compiled_steps_inside_the_graph_match_eager(eager_graphs, schedule):
         got = both.generate_batch(prompts, max_new_tokens=[30, 12, 20], **kwargs)
         assert [r.tokens for r in got] == [r.tokens for r in want]
         assert eager_graphs                                   # iterations replayed through the "graph"
-    assert both.runtime._compiled and both.epilogue == "torch"   # the compiled steps are what was captured
+    assert both.runtime._compiled   # the compiled steps (with the native operator, where built) were captured

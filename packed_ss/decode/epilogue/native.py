@@ -15,6 +15,7 @@ import torch
 from ..sampling import SamplingParams
 from ..state import DecodeState
 from .base import Epilogue, Rows
+from .operator import STATE, epilogue_step
 
 _module = None
 _error: str | None = None
@@ -107,6 +108,7 @@ class NativeEpilogue(Epilogue):
         self._use_res(1)
         self._scratch: dict[tuple[torch.dtype, int, int], torch.Tensor] = {}
         self._bound: dict[int, tuple[DecodeState, object]] = {}   # id(state) -> (state, handle)
+        self._verified: torch.Tensor | None = None   # a compiled verify's result buffer, for its commit
 
     def _use_res(self, batch: int) -> torch.Tensor:
         """The persistent [B, block + 2] result buffer of batch size B; `res`, `emitted` [B, block] and
@@ -128,8 +130,8 @@ class NativeEpilogue(Epilogue):
 
     def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):
         """The emitted tokens [B, block] and A [B] go into `res`; returns views of them."""
-        self._call(st, self.mod.PHASE_VERIFY, self.mod.VERIFY_DRAFT, verify, None, None, residual)
-        return self.emitted, self.n_accept
+        res = self._call(st, self.mod.PHASE_VERIFY, self.mod.VERIFY_DRAFT, verify, None, None, residual)
+        return res[:, :self.block], res[:, self.block]
 
     def _commit(self, st, propose, retain) -> None:
         self._call(st, self.mod.PHASE_COMMIT, self.mod.VERIFY_DRAFT, None, propose, retain)
@@ -210,9 +212,12 @@ class NativeEpilogue(Epilogue):
                              f"{rows.prob.stride()})")
         return n_rows, 0 if dims == 2 else tensors[0].shape[2], strides.pop()
 
-    def _call(self, st, phase, kind, v: Rows | None, z: Rows | None, retain, residual=None) -> None:
-        handle = self._state(st)
-        batch = handle.batch
+    def _call(self, st, phase, kind, v: Rows | None, z: Rows | None, retain, residual=None) -> torch.Tensor:
+        """One native call for the batch; returns its result buffer [B, block + 2]. A step being compiled calls
+        it through the torch operator (operator.py), with buffers of its own; an eager one directly."""
+        compiling = torch.compiler.is_compiling()
+        handle = None if compiling else self._state(st)   # checks the state (a compiled one: the engine's)
+        batch = st.done.shape[0]
         greedy = self.params.greedy
         need_v = self.block if kind == self.mod.VERIFY_DRAFT else 1
         _, v_k, v_stride = self._check(v, "verifier", batch, need_v if v is not None else 0)
@@ -228,18 +233,31 @@ class NativeEpilogue(Epilogue):
         if v is not None and z is not None and v.prob is not None and v.prob.dtype != z.prob.dtype:
             raise ValueError("verifier and proposal probabilities must share a dtype")
         vocab = (v.vocab if v is not None else 0) or (z.vocab if z is not None else 0) or self.vocab
-        scratch = 0
+        scratch = None
         if not greedy and kind == self.mod.VERIFY_DRAFT and v is not None:
-            scratch = self._scratch_for(v.prob.dtype, vocab, batch).data_ptr()
+            scratch = (torch.empty(batch, vocab, dtype=v.prob.dtype, device=self.device) if compiling
+                       else self._scratch_for(v.prob.dtype, vocab, batch))
         if residual is not None:
             if (residual.dtype != torch.int64 or residual.shape != (batch,) or residual.device != self.device
                     or not residual.is_contiguous()):
                 raise ValueError(f"residual must be a contiguous int64 [B={batch}] tensor on {self.device}, got "
                                  f"{residual.dtype} {tuple(residual.shape)} on {residual.device}")
+        v, z = v if v is not None else Rows(), z if z is not None else Rows()
+        if compiling:   # verify's result buffer is what its commit reads (Quadratic-SS picks a branch between)
+            if phase == self.mod.PHASE_COMMIT:
+                res = self._verified
+            else:
+                res = torch.zeros(batch, self.block + 2, dtype=torch.int64, device=self.device)
+            self._verified = res
+            tensors = st.tensors()
+            epilogue_step(*(tensors[name] for name in STATE), v.arg, v.idx, v.prob, z.arg, z.idx, z.prob, scratch,
+                          res, residual, [bits, phase, kind, retain_code, int(not greedy), int(self.dense),
+                                          self.block, vocab, v_k, v_stride, z_k, z_stride, n_z])
+            return res
         res = self._use_res(batch)
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.cuda else 0
-        v, z = v if v is not None else Rows(), z if z is not None else Rows()
         self._native_step(handle, bits, phase, kind, retain_code, not greedy, self.dense, self.block, vocab,
                           _ptr(v.arg), _ptr(v.idx), _ptr(v.prob), v_k, v_stride,
                           _ptr(z.arg), _ptr(z.idx), _ptr(z.prob), z_k, z_stride, n_z,
-                          scratch, res.data_ptr(), _ptr(residual), stream)
+                          _ptr(scratch), res.data_ptr(), _ptr(residual), stream)
+        return res

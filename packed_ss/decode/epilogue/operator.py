@@ -1,0 +1,52 @@
+"""The native epilogue as a torch operator, `packed_ss::epilogue_step`: how a compiled step calls it.
+
+torch.compile cannot trace a call on raw addresses, but it can call an operator: this one takes the state's
+tensors, the rows, the workspace and the result buffer, declares what it writes, and makes the native call
+(native.py's `NativeEpilogue._call` has checked everything before). Eager steps call the module directly
+(no dispatcher on the hot path); a step being compiled calls this operator, so `compile=True` keeps the
+native epilogue, and a CUDA graph of the compiled step captures its one launch.
+"""
+from typing import List, Optional
+
+import torch
+
+STATE = ("cache_len", "last", "draft", "draft_len", "q_idx", "q_prob", "out", "n_out", "done", "seed", "offset",
+         "stop_ids", "max_new", "nfe", "n_verify", "n_accepted", "n_bonus")
+
+
+def _ptr(t: Optional[torch.Tensor]) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+@torch.library.custom_op("packed_ss::epilogue_step",
+                         mutates_args=("cache_len", "last", "draft", "draft_len", "q_idx", "q_prob", "out", "n_out",
+                                       "done", "offset", "nfe", "n_verify", "n_accepted", "n_bonus", "scratch", "res"))
+def epilogue_step(cache_len: torch.Tensor, last: torch.Tensor, draft: torch.Tensor, draft_len: torch.Tensor,
+                  q_idx: torch.Tensor, q_prob: torch.Tensor, out: torch.Tensor, n_out: torch.Tensor,
+                  done: torch.Tensor, seed: torch.Tensor, offset: torch.Tensor, stop_ids: torch.Tensor,
+                  max_new: torch.Tensor, nfe: torch.Tensor, n_verify: torch.Tensor, n_accepted: torch.Tensor,
+                  n_bonus: torch.Tensor, v_arg: Optional[torch.Tensor], v_idx: Optional[torch.Tensor],
+                  v_prob: Optional[torch.Tensor], z_arg: Optional[torch.Tensor], z_idx: Optional[torch.Tensor],
+                  z_prob: Optional[torch.Tensor], scratch: Optional[torch.Tensor], res: torch.Tensor,
+                  residual: Optional[torch.Tensor], config: List[int]) -> None:
+    """config: prob bits, phase, verify kind, retain code, sampled, dense, block, vocab, v_k, v_stride, z_k,
+    z_stride, n_z (NativeEpilogue._call)."""
+    from .native import native_module   # native.py imports this module
+    mod = native_module()
+    state = (cache_len, last, draft, draft_len, q_idx, q_prob, out, n_out, done, seed, offset, stop_ids, max_new,
+             nfe, n_verify, n_accepted, n_bonus)
+    handle = mod.State(*(t.data_ptr() for t in state), draft.shape[1], q_idx.shape[2], stop_ids.shape[1],
+                       done.shape[0], out.shape[1])
+    bits, phase, kind, retain, sampled, dense, block, vocab, v_k, v_stride, z_k, z_stride, n_z = config
+    if res.is_cuda:
+        step, stream = mod.step_cuda, torch.cuda.current_stream(res.device).cuda_stream
+    else:
+        step, stream = mod.step_cpu, 0
+    step(handle, bits, phase, kind, retain, bool(sampled), bool(dense), block, vocab,
+         _ptr(v_arg), _ptr(v_idx), _ptr(v_prob), v_k, v_stride, _ptr(z_arg), _ptr(z_idx), _ptr(z_prob), z_k, z_stride,
+         n_z, _ptr(scratch), res.data_ptr(), _ptr(residual), stream)
+
+
+@epilogue_step.register_fake
+def _(*args) -> None:
+    return None

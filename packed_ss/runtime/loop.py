@@ -120,6 +120,11 @@ class Runtime:
         return KVCache(cache.k[:, :slots, :, :capacity], cache.v[:, :slots, :, :capacity])
 
     # -- batches ---------------------------------------------------------------------------------------
+    def batch_size(self, requests: int) -> int:
+        """The slots a step runs over for `requests` requests: that many eagerly; compiled and captured steps
+        the next power of two (few sizes compiled or captured, the padding slots idle)."""
+        return requests if self.mode == "eager" else padded(max(1, requests))
+
     def hold(self, program, requests: list[Request], slots: int) -> Batch:
         """State, cache and poll for `slots` requests at a time (compiled and graph modes: padded to a power of
         two, few sizes compiled or captured, the padding slots idle), held by a scheduler until `release`,
@@ -130,8 +135,7 @@ class Runtime:
         holds the shared cache, this one gets a cache (and graphs) of its own."""
         private = self._cache_held
         need = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
-        if self.mode != "eager":
-            slots = padded(slots)
+        slots = self.batch_size(slots)
         if self.mode != "graph":
             capacity = CACHE_QUANTUM * math.ceil(need / CACHE_QUANTUM)
             tokens = capacity - program.reserve
@@ -154,8 +158,7 @@ class Runtime:
 
     def regrow(self, old: Batch, slots: int) -> Batch:
         """A batch like `old` (shapes, cache length, the same hold on the shared cache) with more slots."""
-        if self.mode != "eager":
-            slots = padded(slots)
+        slots = self.batch_size(slots)
         private = not old.shared_cache
         cache = self.cache_for(old.cache.capacity, slots, private)
         batch = Batch(self, old.program, slots, old.shape, cache, old.tokens)

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from .batch import Batch, padded
+from .batch import Batch
 from .graphs import SyncCheck
 from .request import GenerateResult, Request
 
@@ -247,7 +247,7 @@ class Scheduler:
             self.running[b] = Running(group, i, (batch.poll.issued, b), began, model_s)
             group.running += 1
             self._limit += group.requests[i].max_new_tokens + batch.poll.lag + 3   # >= 1 token per live iteration
-        batch.size = max(batch.size, end if self.runtime.mode == "eager" else padded(end))
+        batch.size = max(batch.size, self.runtime.batch_size(end))
 
     def _grow(self, more: int, most: int) -> None:
         """At least `more` free slots: the running requests move to a batch of twice the slots (or as many as
@@ -263,7 +263,7 @@ class Scheduler:
             new.take(old, src, dst)
             r.slots = [(new.poll.issued, dst)]
             self.running[dst] = r
-        new.size = len(running) if self.runtime.mode == "eager" else padded(max(1, len(running)))
+        new.size = self.runtime.batch_size(len(running))
         self.batch = new
 
     def _compact(self) -> None:
@@ -273,7 +273,7 @@ class Scheduler:
         captured). A table already in flight is read with each request's slot at the time it was issued."""
         batch = self.batch
         live = [b for b in range(batch.size) if self.running[b] is not None]
-        size = len(live) if self.runtime.mode == "eager" else padded(max(1, len(live)))
+        size = self.runtime.batch_size(len(live))
         if not live or size >= batch.size:
             return
         for slot, b in enumerate(live):

@@ -20,6 +20,7 @@ from .decode.schedules import SCHEDULES
 from .model.attention import attention_backend
 from .model.dual_mode import DualModeModel
 from .runtime import GenerateResult, Request, Runtime
+from .runtime.loop import PREFILL_CHUNK
 from .runtime.program import call_layouts
 from .width import call_cost, choose_width, machine, model_fingerprint, profile_kind, remembered, step_overhead
 
@@ -55,7 +56,8 @@ class Engine:
 
     def __init__(self, model: DualModeModel, schedule: str = "packed", width: int | str | None = "auto",
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
-                 epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None):
+                 epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK):
         """`width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
         maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
         and this device's per-call latency, measured once per process (width.py); at most the model's
@@ -66,7 +68,10 @@ class Engine:
         same tokens in every process.
         `compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
         torch.compile backend name); with `cuda_graph` too, the compiled steps are what the graph captures.
-        `max_seq_len` caps prompt + new tokens (default: the model's).
+        `max_seq_len` caps prompt + new tokens (default: the model's). `prefill_chunk`: the most prompt
+        tokens one call prefills; a longer prompt enters the cache a chunk per decode iteration, so requests
+        already running wait at most one chunk's call per iteration for it (same tokens as one call, up to
+        float rounding of the attention sums).
 
         `epilogue`: "native" ends each step (acceptance, residual / bonus draw, emit, retain) in one call
         of the compiled epilogue (csrc/, packed_ss/epilogue/), "torch" in the plain-torch reference;
@@ -102,11 +107,13 @@ class Engine:
         self.order = order or "ltr"
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         _check_int("max_seq_len", self.max_seq_len, 2)
+        _check_int("prefill_chunk", prefill_chunk, 1)
         self.epilogue = self._pick_epilogue(epilogue, model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         mode = "graph" if cuda_graph else ("compile" if compile else "eager")
         self.runtime = Runtime(model, attention_backend(self.backend), mode,
-                               ("inductor" if compile is True else compile) or None, self.max_seq_len)
+                               ("inductor" if compile is True else compile) or None, self.max_seq_len,
+                               prefill_chunk)
         self._programs: dict[SamplingParams, object] = {}
         self.width_source = "given"
         self.width = self._auto_width() if auto else width

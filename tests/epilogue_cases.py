@@ -52,7 +52,7 @@ class Case:
         sched = SCHEDULES[self.schedule](self.model(device), self.width, self.params, epilogue)
         st = clone(self.state, device)
         if self.step == "prefill":
-            step = sched.prefill(torch.zeros(self.prompt_len, dtype=torch.int64, device=device))
+            step = sched.prefill(torch.zeros(self.prompt_len, dtype=torch.int64))
         else:
             step = sched.steps[self.step]
         step.update(st, self.logits[None].to(device))   # a batch of one

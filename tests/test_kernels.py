@@ -40,7 +40,7 @@ def engine_layout(kind: str, width: int):
         "quadratic": ("quadratic", 0),
     }[kind]
     sched = SCHEDULES[sched_name](model, width, SamplingParams(), TorchEpilogue(DEVICE, width, SamplingParams()))
-    step = sched.prefill(torch.zeros(PROMPT, dtype=torch.int64, device=DEVICE)) if call == "prefill" else sched.steps[call]
+    step = sched.prefill(torch.zeros(PROMPT, dtype=torch.int64)) if call == "prefill" else sched.steps[call]
     return step.inputs(DecodeState.new(width, 1, 10, [], 0, DEVICE)).layout
 
 
@@ -163,7 +163,7 @@ def test_batch_with_a_see_row_per_request(dtype):
     on each request alone with its own row of `see`; its anchors land in its own cache."""
     model = SimpleNamespace(device=DEVICE, cfg=SimpleNamespace(mask_token_id=0))
     sched = SCHEDULES["packed"](model, 3, SamplingParams(), TorchEpilogue(DEVICE, 3, SamplingParams()))
-    prompts = [torch.zeros(n, dtype=torch.int64, device=DEVICE) for n in (7, 2, 5)]
+    prompts = [torch.zeros(n, dtype=torch.int64) for n in (7, 2, 5)]
     lay = sched.prefill(*prompts).inputs(None).layout
     assert lay.see.shape == (3, lay.rows)
     gen = torch.Generator(device="cpu").manual_seed(7)

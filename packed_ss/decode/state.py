@@ -5,6 +5,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from ..runtime.staging import pinned
 
 
 class DeviceState:
@@ -18,11 +19,16 @@ class DeviceState:
     def batch(self) -> int:
         return self.done.shape[0]
 
-    def copy_(self, other):
-        """Overwrite every field in place (same shapes): a persistent state keeps its addresses."""
+    def copy_(self, other, non_blocking: bool = False):
+        """Overwrite every field in place (same shapes): a persistent state keeps its addresses. `other` may be
+        a state built on the host (`non_blocking`: from pinned memory, runtime/staging.py)."""
         for name, value in other.tensors().items():
-            getattr(self, name).copy_(value)
+            getattr(self, name).copy_(value, non_blocking=non_blocking)
         return self
+
+    def pinned(self, device):
+        """This (host) state in pinned memory when bound for a CUDA device (runtime/staging.py)."""
+        return type(self)(**{name: pinned(t, device) for name, t in self.tensors().items()})
 
     def rows(self, begin: int, end: int):
         """Requests begin..end-1 as a state of views: what a step does to it, it does to this state."""

@@ -145,8 +145,9 @@ class DualModeModel(nn.Module):
                        torch.zeros(shape, dtype=self.dtype, device=self.device))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, layout: Layout, cache: KVCache,
-                cache_len: torch.Tensor, attend=packed_attention_ref) -> torch.Tensor:
-        """Logits [rows, vocab] for one packed call; anchors' K/V are written into `cache`.
+                cache_len: torch.Tensor, attend=packed_attention_ref, head: bool = True) -> torch.Tensor | None:
+        """Logits [rows, vocab] for one packed call; anchors' K/V are written into `cache`. `head=False`: the
+        K/V only, no logits (a chunk of a long prompt, whose rows predict nothing anyone reads).
 
         One request: tokens / positions [R], a one-request cache, cache_len 0-d. A batch of requests whose
         calls share the layout: tokens / positions [B, R], a batch cache, cache_len [B] -> [B, R, vocab]
@@ -156,10 +157,11 @@ class DualModeModel(nn.Module):
         """
         if tokens.dim() == 1:
             one = KVCache(cache.k.unsqueeze(1), cache.v.unsqueeze(1))
-            return self._forward(tokens[None], positions[None], layout, one, cache_len[None], attend)[0]
-        return self._forward(tokens, positions, layout, cache, cache_len, attend)
+            logits = self._forward(tokens[None], positions[None], layout, one, cache_len[None], attend, head)
+            return None if logits is None else logits[0]
+        return self._forward(tokens, positions, layout, cache, cache_len, attend, head)
 
-    def _forward(self, tokens, positions, layout: Layout, cache: KVCache, cache_len, attend) -> torch.Tensor:
+    def _forward(self, tokens, positions, layout: Layout, cache: KVCache, cache_len, attend, head: bool = True):
         x = self.model.embed_tokens(tokens)
         rope = rope_cos_sin(self.inv_freq, self.rope_scaling, positions, x.dtype)
         q_scale = None
@@ -167,6 +169,8 @@ class DualModeModel(nn.Module):
             q_scale = llama4_query_scale(positions, *self.cfg.llama4_scaling, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, rope, q_scale, cache.k[i], cache.v[i], cache_len, layout, attend)
+        if not head:
+            return None
         logits = self.lm_head(self.model.norm(x))
         if self.cfg.suppress_mask_logit:   # SetDLM: the mask token is never a prediction, on any row
             logits[..., self.cfg.mask_token_id] = float("-inf")

@@ -23,16 +23,19 @@ from typing import Callable, Iterator
 
 import torch
 
+from ..model.attention import Layout
 from ..model.dual_mode import DualModeModel, KVCache
 from .batch import CACHE_QUANTUM, Batch, Clock, Shape, padded
 from .program import ModelInput, Step
 from .request import GenerateResult, Request
 from .scheduler import Scheduler
+from .staging import staged
 
 MODES = ("eager", "compile", "graph")
 # Every compiled step is the one lambda of Runtime.runner, so Dynamo counts all of a process's variants
 # against one code object: programs (sampling settings, widths) x steps x padded batch sizes.
 RECOMPILE_LIMIT = 64
+PREFILL_CHUNK = 1024   # prompt tokens per prefill call at most (Runtime)
 
 
 class Runtime:
@@ -41,10 +44,11 @@ class Runtime:
     `mode`: how an iteration runs: its steps called one by one ("eager"), each step compiled with
     torch.compile(fullgraph=True, backend=compile_backend) ("compile"), or the whole iteration captured in a
     CUDA graph and replayed ("graph": its steps compiled inside the graph too when `compile_backend` is set,
-    so a replay launches fused kernels)."""
+    so a replay launches fused kernels). `prefill_chunk`: the most prompt tokens one call prefills; a longer
+    prompt enters its cache in chunks of that many, one per scheduler step (scheduler.py)."""
 
     def __init__(self, model: DualModeModel, attend, mode: str = "eager", compile_backend: str | None = None,
-                 max_seq_len: int | None = None):
+                 max_seq_len: int | None = None, prefill_chunk: int = PREFILL_CHUNK):
         if mode == "compile" and compile_backend is None:
             raise ValueError("mode 'compile' needs a compile backend")
         self.model, self.attend, self.mode, self.compile_backend = model, attend, mode, compile_backend
@@ -52,6 +56,7 @@ class Runtime:
             dynamo = torch._dynamo.config
             dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
+        self.prefill_chunk = prefill_chunk
         self._cache: KVCache | None = None
         self._cache_held = False                      # a running batch holds the shared cache
         self._lock = threading.RLock()
@@ -90,6 +95,18 @@ class Runtime:
         if clock is not None:
             clock.model_s += time.perf_counter() - t0
         step.update(st, logits)
+
+    def prefix(self, tokens: list[int], start: int, cache: KVCache, clock: Clock) -> None:
+        """A chunk of a long prompt into one request's cache (`cache`: its row, a batch of one) at positions
+        start, start + 1, ...: causal anchors after the chunks before it, K/V only (no logits). Built on the
+        host and staged; not counted as a model call of the request (its prefill is)."""
+        device, n = self.model.device, len(tokens)
+        anchors = torch.arange(n)
+        layout = Layout(n, staged(torch.zeros_like(anchors), device), staged(anchors, device))
+        t0 = time.perf_counter()
+        self.model(staged(torch.tensor([tokens]), device), staged(start + anchors[None], device), layout, cache,
+                   staged(torch.tensor([start]), device), attend=self.attend, head=False)
+        clock.model_s += time.perf_counter() - t0
 
     def runner(self, step: Step, st, cache: KVCache, clock: Clock) -> Callable[[], None]:
         """The step as one function: timed eagerly, or compiled whole, or plain (both to be captured in graph

@@ -5,8 +5,11 @@ Callers (`Runtime.decode`: a generate, a stream, a batch, a thread) add their re
 the loop themselves: whichever caller needs tokens it does not have yet runs `step` under the runtime's lock,
 and every request's tokens and result land in its own group's events, so a caller gets exactly what its
 requests get alone, whoever ran the iteration that made them. A step:
-1. admits waiting requests into free slots (each its prefill alone; the batch grows when it has no free
-   slot; a request the batch's shapes do not fit waits, and holds the queue, until the batch has drained);
+1. admits waiting requests into free slots (those in consecutive slots prefill in one call; the batch grows
+   when it has no free slot; a request the batch's shapes do not fit waits, and holds the queue, until the
+   batch has drained). A prompt longer than the runtime's `prefill_chunk` enters its cache a chunk per step
+   (K/V only) before its last part and first block are prefilled, so that a long prompt holds the running
+   requests up by one chunk's call per step at most;
 2. runs one iteration of the whole batch (every step of the program, then the status table) and queues
    the table's copy to the host;
 3. reads the table that is due (poll.py: at once on the CPU, one iteration late on CUDA) and hands out
@@ -68,12 +71,23 @@ class Running:
         return at
 
 
+class Prefilling:
+    """A request whose prompt is longer than the prefill chunk, in its slot: the first `cached` tokens of its
+    prompt are in its cache (its row of the state stays idle until its prefill)."""
+
+    def __init__(self, group: Group, index: int, began: float, model_s: float):
+        self.group, self.index, self.began, self.model_s = group, index, began, model_s
+        self.prompt = group.requests[index].prompt
+        self.cached = 0
+
+
 class Scheduler:
     def __init__(self, runtime, program):
         self.runtime, self.program = runtime, program
         self.waiting: deque[tuple[Group, int]] = deque()
         self.batch: Batch | None = None
         self.running: list[Running | None] = []
+        self.prefilling: dict[int, Prefilling] = {}  # slot -> a long prompt entering its cache, oldest first
         self.iterations = self.slot_iterations = 0   # of the current (or last) busy period
         self.model_s = 0.0                           # model-call time of the last busy period (eager)
         self._limit = 0                              # iterations the busy period's requests may take at most
@@ -93,6 +107,7 @@ class Scheduler:
         are marked done, so iterations change nothing there)."""
         group.aborted = True
         self.waiting = deque(w for w in self.waiting if w[0] is not group)
+        self.prefilling = {b: p for b, p in self.prefilling.items() if p.group is not group}
         with torch.inference_mode():
             for slot, r in enumerate(self.running):
                 if r is not None and r.group is group:
@@ -110,8 +125,9 @@ class Scheduler:
             with torch.inference_mode():
                 started = self.batch is None
                 self._admit()
+                self._prefill_chunk()
                 batch, poll = self.batch, self.batch.poll
-                if started:                       # the first table: requests may end in their prefill
+                if started and batch.size:        # the first table: requests may end in their prefill
                     poll.publish(batch.live)
                     poll.issue()
                 with checked:
@@ -128,7 +144,7 @@ class Scheduler:
                         poll.issue()
                 if status is not None:
                     self._deliver(status)
-                if not self.waiting:
+                if not self.waiting and not self.prefilling:
                     self._compact()
                 self._end_if_idle()
         except BaseException as err:
@@ -198,11 +214,14 @@ class Scheduler:
             admissible.append((group, i))
         return admissible
 
+    def _free(self) -> list[int]:
+        return [b for b, r in enumerate(self.running) if r is None and b not in self.prefilling]
+
     def _admit(self) -> None:
         most = getattr(self.program, "max_batch", None) or MAX_SLOTS
         admissible = self._admissible()
         if self.batch is not None and self.batch.slots >= most:    # it cannot grow: the free slots only
-            admissible = admissible[:sum(r is None for r in self.running)]
+            admissible = admissible[:len(self._free())]
         if not admissible:
             return
         if self.batch is None:
@@ -211,14 +230,19 @@ class Scheduler:
             self.running = [None] * self.batch.slots
             self.iterations = self.slot_iterations = self._limit = 0
             self._began_model_s = self.batch.clock.model_s
-        free = [b for b, r in enumerate(self.running) if r is None]
+        free = self._free()
         if len(free) < len(admissible):
             self._grow(len(admissible) - len(free), most)
-            free = [b for b, r in enumerate(self.running) if r is None]
+            free = self._free()
         admissible = admissible[:len(free)]
-        for entry in admissible:
-            self.waiting.remove(entry)
-        starts = list(zip(free, admissible))
+        starts = []
+        for slot, (group, i) in zip(free, admissible):
+            self.waiting.remove((group, i))
+            group.running += 1
+            if len(group.requests[i].prompt) > self.runtime.prefill_chunk:
+                self.prefilling[slot] = Prefilling(group, i, time.perf_counter(), self.batch.clock.model_s)
+            else:
+                starts.append((slot, (group, i)))
         while starts:       # each run of consecutive free slots prefills in one call
             run = 1
             while run < len(starts) and starts[run][0] == starts[0][0] + run:
@@ -226,26 +250,43 @@ class Scheduler:
             self._start(starts[0][0], [entry for _, entry in starts[:run]])
             starts = starts[run:]
 
-    def _start(self, first: int, entries: list[tuple[Group, int]]) -> None:
-        """Requests `entries` into slots first, first + 1, ...: fresh states and one prefill call for all of
-        them. A program whose first iteration starts later than its others (`entry`, Linear-SS) runs that
-        iteration for them too when they join a batch already running; any other joins the batch's next
-        iteration."""
-        batch, end = self.batch, first + len(entries)
+    def _prefill_chunk(self) -> None:
+        """The oldest long prompt's next chunk into its cache, or, when the rest fits one chunk, its prefill."""
+        if not self.prefilling:
+            return
+        slot, p = next(iter(self.prefilling.items()))
+        chunk, batch = self.runtime.prefill_chunk, self.batch
+        if len(p.prompt) - p.cached > chunk:
+            self.runtime.prefix(p.prompt[p.cached:p.cached + chunk], p.cached, batch.cache.rows(slot, slot + 1),
+                                batch.clock)
+            p.cached += chunk
+            return
+        del self.prefilling[slot]
+        self._start(slot, [(p.group, p.index)], p.cached, p.began, p.model_s)
+
+    def _start(self, first: int, entries: list[tuple[Group, int]], cached: int = 0, began: float | None = None,
+               model_s: float | None = None) -> None:
+        """Requests `entries` into slots first, first + 1, ...: fresh states (built on the host, copied without
+        waiting) and one prefill call for all of them (`cached`: the prompt tokens in the cache already, a
+        long prompt's chunks). A program whose first iteration starts later than its others (`entry`,
+        Linear-SS) runs that iteration for them too when they join a batch already running; any other joins
+        the batch's next iteration."""
+        batch, end, device = self.batch, first + len(entries), self.runtime.model.device
         requests = [group.requests[i] for group, i in entries]
-        began, model_s = time.perf_counter(), batch.clock.model_s
+        began = time.perf_counter() if began is None else began
+        model_s = batch.clock.model_s if model_s is None else model_s
         st, cache = batch.state.rows(first, end), batch.cache.rows(first, end)
-        st.copy_(type(st).cat([self.program.new_state(r, **batch.shape.kwargs()) for r in requests]))
+        fresh = [self.program.new_state(r, **batch.shape.kwargs(), device="cpu") for r in requests]
+        st.copy_(type(st).cat(fresh).pinned(device), non_blocking=True)
         batch.poll.start[first:end].zero_()
-        device = self.runtime.model.device
-        prompts = [torch.tensor(r.prompt, dtype=torch.int64, device=device) for r in requests]
-        self.runtime.call(self.program.prefill(*prompts), st, cache, batch.clock)
+        prompts = [torch.tensor(r.prompt[cached:], dtype=torch.int64) for r in requests]   # staged by the prefill
+        self.runtime.call(self.program.prefill(*prompts, cached=[cached] * len(requests)), st, cache,
+                          batch.clock)
         if self.iterations > 0 and getattr(self.program, "entry", 0):
             for step in self.program.steps[self.program.entry:]:
                 self.runtime.call(step, st, cache, batch.clock)
         for b, (group, i) in enumerate(entries, first):
             self.running[b] = Running(group, i, (batch.poll.issued, b), began, model_s)
-            group.running += 1
             self._limit += group.requests[i].max_new_tokens + batch.poll.lag + 3   # >= 1 token per live iteration
         batch.size = max(batch.size, self.runtime.batch_size(end))
 
@@ -256,13 +297,17 @@ class Scheduler:
         while old.poll.in_flight:
             self._deliver(old.poll.read())
         running = [(b, r) for b, r in enumerate(self.running) if r is not None]
-        slots = min(max(2 * old.slots, len(running) + more), most)
+        slots = min(max(2 * old.slots, len(running) + len(self.prefilling) + more), most)
         new = self.runtime.regrow(old, slots)
         self.running = [None] * new.slots
         for dst, (src, r) in enumerate(running):
             new.take(old, src, dst)
             r.slots = [(new.poll.issued, dst)]
             self.running[dst] = r
+        prefilling, self.prefilling = self.prefilling, {}
+        for dst, (src, p) in enumerate(prefilling.items(), len(running)):
+            new.take(old, src, dst)
+            self.prefilling[dst] = p
         new.size = self.runtime.batch_size(len(running))
         self.batch = new
 
@@ -286,7 +331,7 @@ class Scheduler:
     def _end_if_idle(self) -> None:
         """A busy period ends when no request runs and none waits, or the next one waiting does not fit the
         batch: the batch goes back to the runtime (the next step makes one that fits)."""
-        if self.batch is None or any(self.running):
+        if self.batch is None or any(self.running) or self.prefilling:
             return
         if not self.waiting or not self.batch.fits(self.waiting[0][0].requests[self.waiting[0][1]]):
             self.model_s = self.batch.clock.model_s - self._began_model_s
@@ -296,11 +341,12 @@ class Scheduler:
     def _fail(self, err: BaseException) -> None:
         """An exception inside a step: every request of this scheduler ends with it (their callers raise it),
         and the scheduler starts afresh."""
-        groups = {r.group for r in self.running if r is not None} | {g for g, _ in self.waiting}
+        groups = ({r.group for r in self.running if r is not None} | {g for g, _ in self.waiting}
+                  | {p.group for p in self.prefilling.values()})
         for group in groups:
             group.error = err
         self.waiting.clear()
         if self.batch is not None:
             self.runtime.release(self.batch)
-        self.batch, self.running = None, []
+        self.batch, self.running, self.prefilling = None, [], {}
 

@@ -5,6 +5,7 @@ import torch
 
 from ...model.attention import Layout
 from ...runtime import ModelInput, Request, Step
+from ...runtime.staging import staged
 from ..epilogue import Epilogue
 from ..sampling import SamplingParams
 from ..state import DecodeState
@@ -51,37 +52,43 @@ class Schedule:
         """MASK^W for every request: [B, W]."""
         return self.mask_row.expand(st.batch, -1)
 
-    def new_state(self, request: Request, out_len=None, stop_slots=None, sequence_slots=None) -> DecodeState:
-        """One-token stop sequences join the stop ids; longer ones are matched after emit (stop_at_sequences)."""
+    def new_state(self, request: Request, out_len=None, stop_slots=None, sequence_slots=None,
+                  device=None) -> DecodeState:
+        """A request's fresh state (on `device`, default the model's; admission builds it on the host).
+        One-token stop sequences join the stop ids; longer ones are matched after emit (stop_at_sequences)."""
         stop_ids = set(request.stop_ids) | {s[0] for s in request.stop_sequences if len(s) == 1}
         sequences = [s for s in request.stop_sequences if len(s) > 1]
         support = 1 if self.params.greedy else self.params.support(self.model.cfg.vocab_size)
-        return DecodeState.new(self.width, support, request.max_new_tokens, stop_ids, request.seed, self.device,
-                               out_len, stop_slots, sequences, sequence_slots)
+        return DecodeState.new(self.width, support, request.max_new_tokens, stop_ids, request.seed,
+                               device or self.device, out_len, stop_slots, sequences, sequence_slots)
 
     # -- the first call: prompt (causal, cached) plus W+1 masks (paper E.2) ---------------------------
-    def prefill(self, *prompts: torch.Tensor) -> Step:
+    def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:
         """The first call of requests admitted together, one row of [prompt, MASK^(W+1)] each: a prompt's
         last row draws its first token, its W+1 mask rows, which see that prompt alone, draft its first block.
         Prompts shorter than the longest are padded after their end with anchors whose K/V land in cache
         slots no later call sees (the cache length stops at the prompt), so a request's rows compute what they
-        compute alone."""
-        lengths = torch.tensor([p.numel() for p in prompts], device=self.device)
+        compute alone. `cached` (ints, default 0): how many tokens of each prompt its cache holds already
+        (the chunks of a long prompt, `Runtime.prefix`); `prompts` (host tensors) are then what follows them.
+        Built on the host and staged (runtime/staging.py): admission does not wait for the device."""
+        cached = torch.tensor(cached or [0] * len(prompts), dtype=torch.int64)
+        lengths = torch.tensor([p.numel() for p in prompts])
         n, n_masks = max(p.numel() for p in prompts), self.block if self.drafts else 0
-        pad = lambda p: self.masks(n - p.numel())                                   # noqa: E731
-        tokens = torch.stack([torch.cat([p, pad(p), self.masks(n_masks)]) for p in prompts])
-        anchors, masks = torch.arange(n, device=self.device), torch.arange(n_masks, device=self.device)
-        positions = torch.cat([anchors.expand(len(prompts), -1), lengths[:, None] + masks], 1)
+        fill = lambda k: torch.full((k,), self.mask_id, dtype=torch.int64)          # noqa: E731
+        tokens = torch.stack([torch.cat([p, fill(n - p.numel()), fill(n_masks)]) for p in prompts])
+        anchors, masks = torch.arange(n), torch.arange(n_masks)
+        positions = cached[:, None] + torch.cat([anchors.expand(len(prompts), -1), lengths[:, None] + masks], 1)
         see = torch.cat([anchors.expand(len(prompts), -1), (lengths - 1)[:, None].expand(-1, n_masks)], 1)
-        seg = torch.tensor([0] * n + [1] * n_masks, device=self.device)
-        lay = Layout(n, seg, see, n if n_masks else None)
-        zero = torch.zeros(len(prompts), dtype=torch.int64, device=self.device)
+        seg = torch.tensor([0] * n + [1] * n_masks)
         rows = torch.cat([(lengths - 1)[:, None], n + masks.expand(len(prompts), -1)], 1)   # [B, 1 + n_masks]
+        tokens, positions, see, seg, rows, cached, ends = (
+            staged(t, self.device) for t in (tokens, positions, see, seg, rows, cached, cached + lengths - 1))
+        lay = Layout(n, seg, see, n if n_masks else None)
 
         def update(st: DecodeState, logits: torch.Tensor) -> None:
-            st.cache_len.copy_(lengths - 1)   # the last prompt row plays the role of `last` when emitting
+            st.cache_len.copy_(ends)          # the last prompt row plays the role of `last` when emitting
             ours = self.epilogue.rows(logits.gather(1, rows[:, :, None].expand(-1, -1, logits.shape[2])))
             self.epilogue.step(st, token=ours[:1], propose=ours[1:] if n_masks else None,
                                retain="a" if n_masks else None)
 
-        return Step(lambda st: ModelInput(tokens, positions, lay, zero), update)
+        return Step(lambda st: ModelInput(tokens, positions, lay, cached), update)

@@ -6,6 +6,7 @@ import torch
 
 from ....model.attention import Layout
 from ....runtime import ModelInput, Request, Step
+from ....runtime.staging import staged
 from ...epilogue import Epilogue
 from ...sampling import SamplingParams, philox_uniform, sample_sparse, truncated_probs
 from ...state import DecodeState
@@ -64,27 +65,30 @@ class AnyOrderSchedule:
         raise NotImplementedError
 
     def new_state(self, request: Request, out_len: int | None = None, stop_slots: int | None = None,
-                  sequence_slots: tuple[int, int] | None = None) -> AnyOrderState:
-        """Stop ids are stop sequences of length 1: one table of stop_slots + sequence_slots[0] rows."""
+                  sequence_slots: tuple[int, int] | None = None, device=None) -> AnyOrderState:
+        """A request's fresh state (on `device`, default the model's). Stop ids are stop sequences of length 1: one table of stop_slots + sequence_slots[0] rows."""
         support = 1 if self.params.greedy else self.params.support(self.model.cfg.vocab_size)
         stops = [(t,) for t in request.stop_ids] + [tuple(s) for s in request.stop_sequences]
         n_seq, seq_len = sequence_slots or (0, 1)
         return AnyOrderState.new(self.width, support, len(request.prompt), request.max_new_tokens, request.seed,
-                                 stops, self.device, out_len, ((stop_slots or 0) + n_seq, seq_len))
+                                 stops, device or self.device, out_len, ((stop_slots or 0) + n_seq, seq_len))
 
-    def prefill(self, *prompts: torch.Tensor) -> Step:
+    def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:
         """The prompt as causal anchors at positions 0..n0-1 (one counted call), then the first window. One
-        request at a time (`max_batch`)."""
+        request at a time (`max_batch`). `cached`: how many prompt tokens its cache holds already (the chunks
+        of a long prompt, `Runtime.prefix`); `prompts` (a host tensor) is then what follows them."""
         (prompt,) = prompts
-        anchors = torch.arange(prompt.numel(), device=self.device)
-        layout = Layout(prompt.numel(), torch.zeros_like(anchors), anchors)
-        zero = torch.zeros((), dtype=torch.int64, device=self.device)
+        start = (cached or [0])[0]
+        anchors = torch.arange(prompt.numel())
+        layout = Layout(prompt.numel(), staged(torch.zeros_like(anchors), self.device), staged(anchors, self.device))
+        prompt, positions = staged(prompt, self.device), staged(start + anchors, self.device)
+        start = staged(torch.tensor(start), self.device)
 
         def update(st: AnyOrderState, logits: torch.Tensor) -> None:
             active = self.active(st)
             st.assign(active, nfe=st.nfe + 1)
             plan(st, self.order, active)
-        return one_request(Step(lambda st: ModelInput(prompt, anchors, layout, zero), update))
+        return one_request(Step(lambda st: ModelInput(prompt, positions, layout, start), update))
 
     def resume(self, st: AnyOrderState, call) -> None:
         """While held: run the next iteration with every pending row in its N region (host reads allowed)."""

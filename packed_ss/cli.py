@@ -18,7 +18,7 @@ import torch
 from .decode.any_order import ORDERS
 from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.schedules import SCHEDULES
-from .engine import MAX_WIDTH, Engine
+from .engine import MAX_WIDTH, SAMPLERS, Engine
 from .model.loading import DTYPES, default_model_path, load_model
 from .model.setdlm import convert
 from .model.tokenizer import load_tokenizer
@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=None,
                      help="sample only from the smallest set of tokens with this much probability, in (0, 1]")
     gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    gen.add_argument("--sampler", choices=SAMPLERS, default=SAMPLERS[0],
+                     help="how sampled drafts are verified (both exact): 'rejection' (paper Alg. 2) or 'gumbel' "
+                          "(shared noise: the same text for a seed under every schedule and width; default "
+                          f"{SAMPLERS[0]})")
     gen.add_argument("--dtype", choices=DTYPES, default=None,
                      help="model dtype (default: the checkpoint's torch_dtype on CUDA, float32 on the CPU)")
     gen.add_argument("--no-draft-adapter", action="store_true",
@@ -138,11 +142,11 @@ def generate(args) -> int:
         schedules = [s for s in schedules if s != "threshold"]
     if args.stream:
         name = "packed" if args.schedule == "all" else args.schedule
-        return stream(Engine(model, schedule=name, width=args.width, order=args.order), tokenizer, prompt, args)
+        return stream(Engine(model, schedule=name, width=args.width, order=args.order, sampler=args.sampler), tokenizer, prompt, args)
     rows, continuation = [], None
     for name in schedules:
         order = args.order if name not in ("ar", "threshold") else None
-        engine = Engine(model, schedule=name, width=args.width, order=order)
+        engine = Engine(model, schedule=name, width=args.width, order=order, sampler=args.sampler)
         log(f"decoding with {name} (W={engine.width}) ...")
         start = time.perf_counter()
         res = engine.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -172,7 +176,7 @@ def generate_file(model, tokenizer, args) -> int:
                 raise ValueError(f"{args.prompts_file}:{number}: each line must be an object with a 'prompt' string")
             records.append(record)
     name = "packed" if args.schedule == "all" else args.schedule
-    engine = Engine(model, schedule=name, width=args.width, order=args.order)
+    engine = Engine(model, schedule=name, width=args.width, order=args.order, sampler=args.sampler)
     batch_size = 1 if model.cfg.any_order else args.batch_size
     print(f"decoding {len(records)} prompts with {name} (W={engine.width}), batch size {batch_size} ...",
           file=sys.stderr, flush=True)

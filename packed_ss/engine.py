@@ -17,6 +17,7 @@ from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.epilogue import EPILOGUES, make_epilogue, native_unavailable_reason
 from .decode.sampling import SamplingParams
 from .decode.schedules import SCHEDULES
+from .decode.shared_noise import SharedNoise
 from .model.attention import attention_backend
 from .model.dual_mode import DualModeModel
 from .runtime import GenerateResult, Request, Runtime
@@ -28,6 +29,9 @@ MAX_WIDTH = 64
 MAX_BATCH = 256
 DEFAULT_WIDTH = 8
 PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for width="auto"
+
+
+SAMPLERS = ("rejection", "gumbel")
 
 
 def _check_int(name, value, low, high=None):
@@ -57,7 +61,7 @@ class Engine:
     def __init__(self, model: DualModeModel, schedule: str = "packed", width: int | str | None = "auto",
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
                  epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int = PREFILL_CHUNK, sampler: str = "rejection"):
         """`width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
         maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
         and this device's per-call latency, measured once per process (width.py); at most the model's
@@ -66,6 +70,12 @@ class Engine:
         ("measured now", "remembered from <time>", a fixed default): a measured choice is stored per machine,
         install, model and setting (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the
         same tokens in every process.
+        `sampler`: how a sampled request (temperature > 0) verifies drafts; both give the AR distribution
+        exactly. "rejection": the paper's Alg. 2 (accept d with probability min(1, p(d)/q(d)), the residual
+        draw at a rejection; each draft's distribution is stored). "gumbel": shared noise (decode/shared_noise.py):
+        target and drafter sample by Gumbel-max with noise keyed by (seed, output position, token), so a
+        seeded request returns the same tokens under every schedule, width and batch (those of
+        schedule="ar"), nothing is stored, and verification is the greedy comparison.
         `compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
         torch.compile backend name); with `cuda_graph` too, the compiled steps are what the graph captures.
         `max_seq_len` caps prompt + new tokens (default: the model's). `prefill_chunk`: the most prompt
@@ -99,12 +109,15 @@ class Engine:
         auto = width is None or width == "auto"
         if not auto:
             _check_int("width", width, 1, MAX_WIDTH)
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         if epilogue is not None and epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {tuple(EPILOGUES)} or None, got {epilogue!r}")
         if cuda_graph and model.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a model on a CUDA device, got {model.device}")
         self.model, self.schedule_name, self.any_order = model, schedule, any_order
         self.order = order or "ltr"
+        self.sampler = sampler
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         _check_int("max_seq_len", self.max_seq_len, 2)
         _check_int("prefill_chunk", prefill_chunk, 1)
@@ -178,10 +191,16 @@ class Engine:
         return self._programs[params]
 
     def _build(self, width: int, params: SamplingParams, epilogue: str):
-        ending = make_epilogue(epilogue, self.model.device, width, params)
+        """The program for `params`; under the shared-noise sampler a sampled one is the greedy program on
+        perturbed scores."""
+        shared = self.sampler == "gumbel" and not params.greedy
+        base = SamplingParams() if shared else params
+        ending = make_epilogue(epilogue, self.model.device, width, base)
         if self.any_order:
-            return ANY_ORDER_SCHEDULES[self.schedule_name](self.model, width, params, ending, self.order)
-        return SCHEDULES[self.schedule_name](self.model, width, params, ending)
+            program = ANY_ORDER_SCHEDULES[self.schedule_name](self.model, width, base, ending, self.order)
+        else:
+            program = SCHEDULES[self.schedule_name](self.model, width, base, ending)
+        return SharedNoise(program, params) if shared else program
 
     # -- requests --------------------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,

@@ -54,18 +54,35 @@ def philox4x32(c0, c1, c2, c3, k0, k1) -> torch.Tensor:
     return torch.stack([even[0], odd[0], even[1], odd[1]], dim=-1)
 
 
-def philox_uniform(seed: torch.Tensor, offset: torch.Tensor, n: int, dtype=torch.float64) -> torch.Tensor:
-    """n uniforms in [0, 1) per key from Philox4x32-10: key = seed, counter = (block i, offset lo, offset hi, 0).
+def philox_words(seed: torch.Tensor, offset: torch.Tensor, n: int, stream: int = 0) -> torch.Tensor:
+    """n 32-bit words per key from Philox4x32-10: key = seed, counter = (block i, offset lo, offset hi, stream).
 
     `seed` and `offset` are int64 device tensors of one shape [...] (a request's, or a batch's [B]: the
-    CUDA-graph-safe pattern); returns [..., n]. The same (seed, offset) always gives the same numbers on any
-    device and in any batch, and distinct offsets never share a counter.
+    CUDA-graph-safe pattern); returns [..., n] int64. The same (seed, offset, stream) always gives the same
+    words on any device and in any batch, and distinct offsets or streams never share a counter.
     """
     i = torch.arange((n + 3) // 4, device=offset.device).expand(*offset.shape, -1)
     seed, offset = seed[..., None], offset[..., None]
     bits = philox4x32(i, (offset & _M32).expand_as(i), ((offset >> 32) & _M32).expand_as(i),
-                      torch.zeros_like(i), seed & _M32, (seed >> 32) & _M32)
-    return (bits.flatten(-2)[..., :n] >> 8).to(dtype) * (1.0 / (1 << 24))
+                      torch.full_like(i, stream), seed & _M32, (seed >> 32) & _M32)
+    return bits.flatten(-2)[..., :n]
+
+
+def philox_uniform(seed: torch.Tensor, offset: torch.Tensor, n: int, dtype=torch.float64) -> torch.Tensor:
+    """n uniforms in [0, 1) per key (24 bits each): the rejection rule's, counter stream 0 (philox_words)."""
+    return (philox_words(seed, offset, n) >> 8).to(dtype) * (1.0 / (1 << 24))
+
+
+GUMBEL_STREAM = 1
+
+
+def gumbel(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Standard Gumbel noise g(seed, position, x) for every token x < vocab: [..., vocab] float64 for `seed` and
+    `position` [...] (a request's seed, an output position). Each value is -log(-log(u)) of a uniform in (0, 1)
+    with 53 bits, from two Philox words of the counter stream GUMBEL_STREAM, keyed by (seed, position) alone."""
+    w = philox_words(seed, position, 2 * vocab, GUMBEL_STREAM).view(*position.shape, vocab, 2)
+    u = ((w[..., 0] >> 5) * (1 << 26) + (w[..., 1] >> 6)).to(torch.float64).add_(0.5).mul_(2.0 ** -53)
+    return -torch.log(-torch.log(u))
 
 
 @dataclass(frozen=True)

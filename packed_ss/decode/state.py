@@ -72,7 +72,8 @@ class DecodeState(DeviceState):
     was drawn from (unused under greedy decoding). `stop_ids` [S] are one-token stops (padded with -1, which
     no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
     on the left with -1 (matches anything). `n_bonus` counts the verifications that accepted a whole
-    non-empty draft and appended the bonus token drawn after it. The host reads nothing of it but the
+    non-empty draft and appended the bonus token drawn after it. `prompt_len`: the prompt's length (positions
+    prompt_len + j hold output token j). The host reads nothing of it but the
     runtime's poll.
     """
     cache_len: torch.Tensor
@@ -93,11 +94,12 @@ class DecodeState(DeviceState):
     n_verify: torch.Tensor
     n_accepted: torch.Tensor
     n_bonus: torch.Tensor
+    prompt_len: torch.Tensor
 
     @classmethod
     def new(cls, width: int, support: int, max_new: int, stop_ids, seed: int, device,
             out_len: int | None = None, stop_slots: int | None = None, stop_sequences=(),
-            sequence_slots: tuple[int, int] | None = None) -> "DecodeState":
+            sequence_slots: tuple[int, int] | None = None, prompt_len: int = 0) -> "DecodeState":
         """A fresh state for one request (a batch of one). `out_len`, `stop_slots` and `sequence_slots`
         (count, length) fix the output buffer length and the stop tables' shapes (padded with -1), so that
         states of different requests share shapes and stack into a batch (`DeviceState.cat`)."""
@@ -127,6 +129,7 @@ class DecodeState(DeviceState):
             stop_ids=row(torch.tensor(stop, dtype=torch.int64, device=device)),
             stop_seqs=torch.tensor(seqs, dtype=torch.int64, device=device).view(1, n_seq, seq_len),
             max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0),
+            prompt_len=scalar(prompt_len),
         )
 
 

@@ -60,7 +60,8 @@ class Schedule:
         sequences = [s for s in request.stop_sequences if len(s) > 1]
         support = 1 if self.params.greedy else self.params.support(self.model.cfg.vocab_size)
         return DecodeState.new(self.width, support, request.max_new_tokens, stop_ids, request.seed,
-                               device or self.device, out_len, stop_slots, sequences, sequence_slots)
+                               device or self.device, out_len, stop_slots, sequences, sequence_slots,
+                               len(request.prompt))
 
     # -- the first call: prompt (causal, cached) plus W+1 masks (paper E.2) ---------------------------
     def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:

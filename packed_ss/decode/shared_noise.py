@@ -1,0 +1,66 @@
+"""Shared-noise sampling (Gumbel-max; ../shared/DESIGN.md §12): the sampled request as a greedy one on scores.
+
+AR sampling by Gumbel-max draws output token j as argmax_x (log p_j(x) + g(seed, j, x)), p_j the target after
+temperature, top-k and top-p, g standard Gumbel noise keyed by the request's seed, the output position j and
+the token (sampling.gumbel): exactly a sample from p_j. A drafter that proposes with the same noise,
+argmax_x (log q_j(x) + g(seed, j, x)), and a verifier that accepts a draft token when it equals its own
+perturbed argmax make every schedule emit exactly that AR sample, by the greedy induction: the same tokens
+whatever the schedule, width, batch slot or drafter (drafter-invariant speculative decoding: Daliri, Musco
+and Suresh, arXiv 2408.07978). A position's noise decides only the token kept there, so the output follows
+the AR distribution; drafts agree with the target with probability at least (1 - TV) / (1 + TV).
+
+So a program decodes under this rule as its greedy self, every call's logits replaced by the perturbed
+scores: nothing is stored for a draft but its token (no Q), verification is the greedy comparison, and
+either epilogue runs unchanged. Which output position a row's logits predict follows from the call: a causal
+anchor at position t predicts the token at t + 1, a mask row (scratch rows: drafts, any-order queries) the
+token at its own position; output token j sits at position prompt_len + j.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..runtime import ModelInput, Step
+from .sampling import SamplingParams, gumbel, truncated_probs
+
+
+def perturbed_scores(logits: torch.Tensor, inp: ModelInput, seed: torch.Tensor, prompt_len: torch.Tensor,
+                     params: SamplingParams) -> torch.Tensor:
+    """log p(x) + g(seed, j, x) for every row of logits [B, R, V] of the call `inp` (j: the output position the
+    row predicts), -inf outside the truncated support: its argmax is the row's shared-noise sample."""
+    vocab, rows = logits.shape[-1], logits.shape[1]
+    causal = torch.arange(rows, device=logits.device) < inp.layout.n_anchor
+    position = (inp.positions + causal - prompt_len[:, None]).clamp(min=0)                 # [B, R]
+    noise = gumbel(seed[:, None].expand_as(position), position, vocab)                     # [B, R, V]
+    idx, prob = truncated_probs(logits, params)
+    if idx.shape[-1] == vocab and params.top_k is None and params.top_p is None:           # dense: idx = token
+        return prob.log() + noise
+    scores = torch.full(noise.shape, float("-inf"), dtype=noise.dtype, device=noise.device)
+    return scores.scatter(-1, idx, prob.log() + noise.gather(-1, idx))
+
+
+class SharedNoise:
+    """A greedy program (schedule, epilogue, state without Q) that samples with `params` by shared noise: each of
+    its calls' logits become `perturbed_scores` before the step's update. Everything else is the program's."""
+
+    def __init__(self, program, params: SamplingParams):
+        if not program.params.greedy:
+            raise ValueError("shared-noise sampling runs a greedy program")
+        self.program, self.params = program, params
+        self.steps = [self.perturbed(step) for step in program.steps]
+
+    def __getattr__(self, name):
+        return getattr(self.program, name)
+
+    def scores(self, st, inp: ModelInput, logits: torch.Tensor) -> torch.Tensor:
+        return perturbed_scores(logits, inp, st.seed, st.prompt_len, self.params)
+
+    def perturbed(self, step: Step) -> Step:
+        """The step with its logits perturbed (its input, a function of the state, is rebuilt for the rows'
+        positions: the model call does not change the state)."""
+        return Step(step.inputs, lambda st, logits: step.update(st, self.scores(st, step.inputs(st), logits)))
+
+    def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:
+        return self.perturbed(self.program.prefill(*prompts, cached=cached))
+
+    def resume(self, st, call) -> None:
+        self.program.resume(st, lambda inp: self.scores(st, inp, call(inp)))

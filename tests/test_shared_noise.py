@@ -1,0 +1,153 @@
+"""The shared-noise sampler (sampler="gumbel", packed_ss/decode/shared_noise.py): with a seed, every schedule,
+width, batch, epilogue and runner returns exactly the tokens of schedule="ar" (token identity, not only the same
+law), any-order LTR decoding its own AR's; the AR sampler itself follows the model's distribution (G-tests of
+the first token and of the first two and three tokens, tests/sampling_law.py), and noise reused across
+positions is flagged."""
+import functools
+
+import pytest
+import torch
+from sampling_law import ALPHA, N, POWER, PROMPT, T1, TOP_K, TOP_P, ar_checkpoint, ar_law, g_test_pvalue
+from tiny_models import checkpoint
+
+import packed_ss
+import packed_ss.decode.shared_noise as shared_noise
+from packed_ss.decode.epilogue import native_available
+from packed_ss.decode.sampling import SamplingParams
+from packed_ss.runtime import Request
+
+PROMPTS = [[3, 17, 42, 8, 9], list(range(1, 20)), [60, 3], [11, 11, 40, 7, 7, 90, 1, 4], [5], [9, 9, 9],
+           [70, 2, 33, 1], list(range(40, 52))]
+SETTINGS = {"T=1": dict(temperature=1.0), "T=0.5": dict(temperature=0.5),
+            "T=0.8,k=10": dict(temperature=0.8, top_k=10), "T=1.2,p=0.9": dict(temperature=1.2, top_p=0.9)}
+MAX_NEW = 30
+
+
+@pytest.fixture(scope="module")
+def model():
+    return packed_ss.load_model(checkpoint("llama-gqa"), dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def ar_sample(model, setting: str, prompt: tuple, seed: int, max_new: int = MAX_NEW) -> list[int]:
+    engine = packed_ss.Engine(model, schedule="ar", sampler="gumbel")
+    return engine.generate(list(prompt), max_new_tokens=max_new, eos_token_id=[], seed=seed,
+                           **SETTINGS[setting]).tokens
+
+
+@pytest.mark.parametrize("epilogue", ["torch", "native"])
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("width", [1, 2, 3, 8])
+@pytest.mark.parametrize("schedule", ["linear", "quadratic", "packed"])
+def test_every_schedule_returns_the_ar_sample(model, schedule, width, setting, epilogue):
+    if epilogue == "native" and not native_available(model.device):
+        pytest.skip("the native epilogue is not built")
+    engine = packed_ss.Engine(model, schedule=schedule, width=width, sampler="gumbel", epilogue=epilogue)
+    for seed, prompt in enumerate(PROMPTS[:2]):
+        got = engine.generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=[], seed=seed, **SETTINGS[setting])
+        assert got.tokens == ar_sample(model, setting, tuple(prompt), seed)
+        assert got.n_accepted > 0 or width == 1   # drafts were accepted: the identity is not AR's own path
+
+
+@pytest.mark.parametrize("setting", ["T=1", "T=0.8,k=10"])
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
+def test_batched_ragged_requests_return_their_ar_samples(model, schedule, setting):
+    """Eight ragged prompts with their own lengths and seeds, decoded 8 and 3 at a time: the noise is keyed by
+    the request's seed and output position, never by its slot."""
+    engine = packed_ss.Engine(model, schedule=schedule, width=3, sampler="gumbel")
+    lengths = [MAX_NEW - 2 * i for i in range(len(PROMPTS))]
+    want = [ar_sample(model, setting, tuple(p), 10 + i, n) for i, (p, n) in enumerate(zip(PROMPTS, lengths))]
+    for batch_size in (8, 3):
+        got = engine.generate_batch(PROMPTS, max_new_tokens=lengths, eos_token_id=[], seed=10,
+                                    batch_size=batch_size, **SETTINGS[setting])
+        assert [r.tokens for r in got] == want
+
+
+@pytest.mark.parametrize("mode", ["compile", "graph"])
+def test_compiled_and_graph_runners_return_the_ar_sample(model, eager_graphs, mode):
+    """Compiled steps (aot_eager for inductor) and the CUDA-graph loop (CPU stand-ins for the capture)."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3, sampler="gumbel", compile="aot_eager")
+    if mode == "graph":
+        engine.runtime.mode = "graph"
+    got = engine.generate_batch(PROMPTS[:3], max_new_tokens=MAX_NEW, eos_token_id=[], seed=[0, 1, 2],
+                                **SETTINGS["T=1.2,p=0.9"])
+    assert [r.tokens for r in got] == [ar_sample(model, "T=1.2,p=0.9", tuple(p), i) for i, p in enumerate(PROMPTS[:3])]
+    assert engine.runtime._compiled and (mode == "compile" or eager_graphs)
+
+
+@pytest.mark.parametrize("adapter", [None, "drafter"])
+def test_the_shipped_model_with_and_without_its_drafting_adapter(adapter):
+    path = packed_ss.default_model_path("default")
+    model = packed_ss.load_model(path, dtype=torch.float32, draft_adapter=adapter and path / adapter)
+    prompt = packed_ss.load_tokenizer(path).encode("def fibonacci(n):").ids
+    kwargs = dict(max_new_tokens=40, eos_token_id=[], temperature=0.7, top_p=0.95, seed=3)
+    want = packed_ss.Engine(model, schedule="ar", sampler="gumbel").generate(prompt, **kwargs).tokens
+    for width in (3, 8):
+        got = packed_ss.Engine(model, schedule="packed", width=width, sampler="gumbel").generate(prompt, **kwargs)
+        assert got.tokens == want and got.n_accepted > 0
+
+
+@pytest.mark.parametrize("schedule", ["linear", "quadratic", "packed"])
+def test_any_order_ltr_returns_its_ar_sample(schedule):
+    model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), dtype=torch.float32)
+    kwargs = dict(max_new_tokens=MAX_NEW, eos_token_id=[], temperature=1.0, top_k=20)
+    for seed, prompt in enumerate(PROMPTS[:2]):
+        want = packed_ss.Engine(model, schedule="ar", sampler="gumbel").generate(prompt, seed=seed, **kwargs).tokens
+        for width in (1, 3, 8):
+            engine = packed_ss.Engine(model, schedule=schedule, width=width, sampler="gumbel")
+            assert engine.generate(prompt, seed=seed, **kwargs).tokens == want
+
+
+def test_no_draft_distribution_is_stored(model):
+    """Under the shared-noise rule a sampled program is the greedy one: its state keeps one Q entry per draft
+    slot (the rejection rule's keeps the whole truncated support)."""
+    params = SamplingParams(temperature=1.0)
+    for sampler, support in (("gumbel", 1), ("rejection", model.cfg.vocab_size)):
+        program = packed_ss.Engine(model, schedule="packed", width=8, sampler=sampler).program(params)
+        state = program.new_state(Request([1, 2], 8, 0, [], []))
+        assert state.q_prob.shape == (1, 8, support)
+
+
+def test_sampler_is_checked(model):
+    with pytest.raises(ValueError, match=r"sampler must be one of \('rejection', 'gumbel'\), got 'gumbl'"):
+        packed_ss.Engine(model, width=3, sampler="gumbl")
+
+
+# -- the AR sampler follows the model's own law ------------------------------------------------------------------
+def ar_draws(params: SamplingParams, length: int) -> list[tuple]:
+    engine = packed_ss.Engine(packed_ss.load_model(ar_checkpoint(), dtype=torch.float64), schedule="ar",
+                              sampler="gumbel")
+    return [tuple(engine.generate(PROMPT, max_new_tokens=length, temperature=params.temperature, top_k=params.top_k,
+                                  top_p=params.top_p, seed=seed, eos_token_id=[]).tokens) for seed in range(N)]
+
+
+def marginal(law: dict[tuple, float], length: int) -> dict[tuple, float]:
+    out: dict[tuple, float] = {}
+    for seq, p in law.items():
+        out[seq[:length]] = out.get(seq[:length], 0.0) + p
+    return out
+
+
+@pytest.mark.parametrize("params", [T1, TOP_K, TOP_P], ids=["T1", "top-k", "top-p"])
+def test_ar_gumbel_sampler_follows_the_model(params):
+    """The first token, the first two and the first three tokens of N seeded AR samples against the exact law
+    (5-token vocabulary: 5, 25 and 125 outcomes)."""
+    samples = ar_draws(params, 3)
+    law = ar_law(ar_checkpoint(), params, 3)
+    for length in (1, 2, 3):
+        p = g_test_pvalue([s[:length] for s in samples], marginal(law, length))
+        print(f"{length} tokens: p = {p:.3g}")
+        assert p > ALPHA
+
+
+def test_noise_reused_across_positions_is_flagged(monkeypatch):
+    """Broken: every output position gets position 0's noise. The first token stays right; the pair of the
+    first two is flagged (measured p ~ 1e-130)."""
+    gumbel = shared_noise.gumbel
+    monkeypatch.setattr(shared_noise, "gumbel", lambda seed, position, vocab: gumbel(seed, position * 0, vocab))
+    samples = ar_draws(T1, 2)
+    law = ar_law(ar_checkpoint(), T1, 2)
+    assert g_test_pvalue([s[:1] for s in samples], marginal(law, 1)) > ALPHA
+    p = g_test_pvalue(samples, law)
+    print(f"noise reused: p = {p:.3g}")
+    assert p < POWER

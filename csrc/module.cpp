@@ -14,8 +14,10 @@
 #include <string>
 
 #include "epilogue.h"
+#include "noise.h"
 #ifdef PSS_WITH_CUDA
 #include "epilogue_cuda.h"
+#include "noise_cuda.h"
 #endif
 
 namespace py = pybind11;
@@ -170,6 +172,22 @@ PYBIND11_MODULE(_epilogue, m) {
       .def_readonly("out_len", &State::out_len);
   def_step(m, "step_cpu", &run_cpu<float>, &run_cpu<double>);
   m.def("philox_uniform", &philox_uniform, "u[i] of packed_ss.sampling.philox_uniform(seed, offset, n)");
+  m.def("noise_uniform", &noise_uniform, "u of token x in the row (seed, position): sampling.exponential_noise's");
+  m.def(
+      "race_cpu",
+      [](uintptr_t seed, uintptr_t position, int64_t n_rows, int64_t rows_per_seed, uintptr_t prob, int32_t prob_bits,
+         uintptr_t idx, int64_t k, uintptr_t tokens) {
+        const auto* s = as_ptr<const int64_t>(seed);
+        const auto* at = as_ptr<const int64_t>(position);
+        if (prob_bits == 32)
+          race_rows_cpu(s, at, n_rows, rows_per_seed, as_ptr<const float>(prob), as_ptr<const int64_t>(idx), k,
+                        as_ptr<int64_t>(tokens));
+        else
+          race_rows_cpu(s, at, n_rows, rows_per_seed, as_ptr<const double>(prob), as_ptr<const int64_t>(idx), k,
+                        as_ptr<int64_t>(tokens));
+      },
+      "tokens[r] = the shared-noise sample of row r of prob [n_rows, k] (idx [n_rows, k] or 0: dense), keyed by "
+      "(seed[r / rows_per_seed], position[r]) (noise.h)");
 #ifdef PSS_WITH_CUDA
   def_step(
       m, "step_cuda",
@@ -179,6 +197,22 @@ PYBIND11_MODULE(_epilogue, m) {
       [](const State& st, const Step<double>& s, int32_t phase, uintptr_t stream) {
         run_cuda(cuda_step_f64, st, s, phase, stream);
       });
+  m.def(
+      "race_cuda",
+      [](uintptr_t seed, uintptr_t position, int64_t n_rows, int64_t rows_per_seed, uintptr_t prob, int32_t prob_bits,
+         uintptr_t idx, int64_t k, uintptr_t tokens, uintptr_t stream) {
+        require_cuda_device();
+        char err[256] = {0};
+        const auto* s = as_ptr<const int64_t>(seed);
+        const auto* at = as_ptr<const int64_t>(position);
+        const int rc = prob_bits == 32
+            ? cuda_race_rows_f32(s, at, n_rows, rows_per_seed, as_ptr<const float>(prob), as_ptr<const int64_t>(idx),
+                                 k, as_ptr<int64_t>(tokens), reinterpret_cast<void*>(stream), err, sizeof(err))
+            : cuda_race_rows_f64(s, at, n_rows, rows_per_seed, as_ptr<const double>(prob), as_ptr<const int64_t>(idx),
+                                 k, as_ptr<int64_t>(tokens), reinterpret_cast<void*>(stream), err, sizeof(err));
+        if (rc != 0) throw std::runtime_error(std::string("packed_ss CUDA shared-noise race: ") + err);
+      },
+      "race_cpu on the device, on `stream` (noise.cu)");
   m.def("cuda_device_count", []() {
     char err[256] = {0};
     const int n = cuda_device_count(err, sizeof(err));

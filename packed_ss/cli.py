@@ -26,6 +26,7 @@ from .model.tokenizer import load_tokenizer
 FORWARDED = {    # the lab's commands: name -> (module under packed_ss, help)
     "bench": ("lab.bench.schedules", "benchmark the schedules (throughput, intervals, peers)"),
     "bench-any-order": ("lab.bench.any_order", "benchmark the any-order schedules and the threshold decoder"),
+    "bench-samplers": ("lab.bench.samplers", "the rejection rule against shared noise (tokens per call, speed)"),
     "train-drafter": ("lab.drafter.train", "train a drafting LoRA by self-distillation"),
     "profile-drafter": ("lab.drafter.measure", "measure a drafter's acceptance profile for width='auto'"),
 }

@@ -12,8 +12,9 @@ from tiny_models import checkpoint
 
 import packed_ss
 import packed_ss.decode.shared_noise as shared_noise
-from packed_ss.decode.epilogue import native_available
-from packed_ss.decode.sampling import SamplingParams
+from packed_ss.decode.epilogue import native_available, native_module
+from packed_ss.decode.epilogue.operator import noise_race
+from packed_ss.decode.sampling import SamplingParams, exponential_noise, truncated_probs
 from packed_ss.runtime import Request
 
 PROMPTS = [[3, 17, 42, 8, 9], list(range(1, 20)), [60, 3], [11, 11, 40, 7, 7, 90, 1, 4], [5], [9, 9, 9],
@@ -114,9 +115,9 @@ def test_sampler_is_checked(model):
 
 
 # -- the AR sampler follows the model's own law ------------------------------------------------------------------
-def ar_draws(params: SamplingParams, length: int) -> list[tuple]:
+def ar_draws(params: SamplingParams, length: int, epilogue: str) -> list[tuple]:
     engine = packed_ss.Engine(packed_ss.load_model(ar_checkpoint(), dtype=torch.float64), schedule="ar",
-                              sampler="gumbel")
+                              sampler="gumbel", epilogue=epilogue)
     return [tuple(engine.generate(PROMPT, max_new_tokens=length, temperature=params.temperature, top_k=params.top_k,
                                   top_p=params.top_p, seed=seed, eos_token_id=[]).tokens) for seed in range(N)]
 
@@ -128,11 +129,14 @@ def marginal(law: dict[tuple, float], length: int) -> dict[tuple, float]:
     return out
 
 
+@pytest.mark.parametrize("epilogue", ["torch", "native"])
 @pytest.mark.parametrize("params", [T1, TOP_K, TOP_P], ids=["T1", "top-k", "top-p"])
-def test_ar_gumbel_sampler_follows_the_model(params):
+def test_ar_shared_noise_sampler_follows_the_model(params, epilogue):
     """The first token, the first two and the first three tokens of N seeded AR samples against the exact law
-    (5-token vocabulary: 5, 25 and 125 outcomes)."""
-    samples = ar_draws(params, 3)
+    (5-token vocabulary: 5, 25 and 125 outcomes), with the torch and the native noise."""
+    if epilogue == "native" and not native_available(torch.device("cpu")):
+        pytest.skip("the native module is not built")
+    samples = ar_draws(params, 3, epilogue)
     law = ar_law(ar_checkpoint(), params, 3)
     for length in (1, 2, 3):
         p = g_test_pvalue([s[:length] for s in samples], marginal(law, length))
@@ -143,11 +147,34 @@ def test_ar_gumbel_sampler_follows_the_model(params):
 def test_noise_reused_across_positions_is_flagged(monkeypatch):
     """Broken: every output position gets position 0's noise. The first token stays right; the pair of the
     first two is flagged (measured p ~ 1e-130)."""
-    gumbel = shared_noise.gumbel
-    monkeypatch.setattr(shared_noise, "gumbel", lambda seed, position, vocab: gumbel(seed, position * 0, vocab))
-    samples = ar_draws(T1, 2)
+    race = shared_noise.torch_race
+    monkeypatch.setattr(shared_noise, "torch_race", lambda seed, position, prob, idx: race(seed, position * 0, prob, idx))
+    samples = ar_draws(T1, 2, "torch")
     law = ar_law(ar_checkpoint(), T1, 2)
     assert g_test_pvalue([s[:1] for s in samples], marginal(law, 1)) > ALPHA
     p = g_test_pvalue(samples, law)
     print(f"noise reused: p = {p:.3g}")
     assert p < POWER
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=20), SamplingParams(1.0, top_p=0.9)],
+                         ids=["dense", "top-k", "top-p"])
+def test_native_race_equals_the_torch_race(params, dtype):
+    """The native race (csrc/noise.h, with its pruning and its chunked dense loop) picks the torch reference's
+    token in every row: vocabularies of odd and even sizes around its chunk, keys with high bits, float32 and
+    float64 probabilities; its uniforms are the reference's bit for bit."""
+    if not native_available(torch.device("cpu")):
+        pytest.skip("the native module is not built")
+    gen = torch.Generator().manual_seed(0)
+    seed, position = torch.tensor([3, 2**40 + 7]), torch.tensor([[0, 1, 2, 5000, 6], [7, 8, 9, 2**33, 10]])
+    dense = params.top_k is None and params.top_p is None
+    for vocab in (1, 2, 97, 511, 512, 513, 4096, 4095):
+        for scale in (0.1, 3.0):
+            logits = (torch.randn(2, 5, vocab, generator=gen) * scale).to(dtype)
+            idx, prob = truncated_probs(logits, params)
+            idx = None if dense else idx
+            assert torch.equal(noise_race(seed, position, prob, idx), shared_noise.torch_race(seed, position, prob, idx))
+    tokens = torch.arange(9)
+    want = torch.exp(-exponential_noise(torch.tensor(5), torch.tensor(2**33 + 1), tokens))
+    assert [native_module().noise_uniform(5, 2**33 + 1, x) for x in range(9)] == pytest.approx(want.tolist(), rel=1e-15)

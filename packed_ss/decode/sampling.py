@@ -73,16 +73,22 @@ def philox_uniform(seed: torch.Tensor, offset: torch.Tensor, n: int, dtype=torch
     return (philox_words(seed, offset, n) >> 8).to(dtype) * (1.0 / (1 << 24))
 
 
-GUMBEL_STREAM = 1
+NOISE_STREAM = 1
 
 
-def gumbel(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Standard Gumbel noise g(seed, position, x) for every token x < vocab: [..., vocab] float64 for `seed` and
-    `position` [...] (a request's seed, an output position). Each value is -log(-log(u)) of a uniform in (0, 1)
-    with 53 bits, from two Philox words of the counter stream GUMBEL_STREAM, keyed by (seed, position) alone."""
-    w = philox_words(seed, position, 2 * vocab, GUMBEL_STREAM).view(*position.shape, vocab, 2)
-    u = ((w[..., 0] >> 5) * (1 << 26) + (w[..., 1] >> 6)).to(torch.float64).add_(0.5).mul_(2.0 ** -53)
-    return -torch.log(-torch.log(u))
+def exponential_noise(seed: torch.Tensor, position: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Standard exponential noise E(seed, position, x) = -log(u) of the tokens x in `tokens` [..., K] for `seed`
+    and `position` [...] (a request's seed, an output position): [..., K] float64. Token x's uniform u in (0, 1)
+    has 53 bits from words 2 (x % 2) and 2 (x % 2) + 1 of the Philox block at counter (x / 2, position lo,
+    position hi, NOISE_STREAM), key (seed lo, seed hi): keyed by (seed, position, x) alone. Gumbel-max as an
+    exponential race: argmax_x p(x) / E(x) = argmax_x (log p(x) + g(x)), g = -log E standard Gumbel noise."""
+    seed, position = seed[..., None].expand_as(tokens), position[..., None].expand_as(tokens)
+    bits = philox4x32(tokens >> 1, position & _M32, (position >> 32) & _M32, torch.full_like(tokens, NOISE_STREAM),
+                      seed & _M32, (seed >> 32) & _M32)                                     # [..., K, 4]
+    word = ((tokens & 1) * 2)[..., None]
+    hi, lo = bits.gather(-1, word)[..., 0], bits.gather(-1, word + 1)[..., 0]
+    u = ((hi >> 5) * (1 << 26) + (lo >> 6)).to(torch.float64).add_(0.5).mul_(2.0 ** -53)
+    return -torch.log(u)
 
 
 @dataclass(frozen=True)

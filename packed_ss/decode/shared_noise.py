@@ -2,7 +2,8 @@
 
 AR sampling by Gumbel-max draws output token j as argmax_x (log p_j(x) + g(seed, j, x)), p_j the target after
 temperature, top-k and top-p, g standard Gumbel noise keyed by the request's seed, the output position j and
-the token (sampling.gumbel): exactly a sample from p_j. A drafter that proposes with the same noise,
+the token: exactly a sample from p_j. It is computed as the exponential race argmax_x p_j(x) / E(seed, j, x),
+E = exp(-g) standard exponential noise (sampling.exponential_noise; one logarithm per token). A drafter that proposes with the same noise,
 argmax_x (log q_j(x) + g(seed, j, x)), and a verifier that accepts a draft token when it equals its own
 perturbed argmax make every schedule emit exactly that AR sample, by the greedy induction: the same tokens
 whatever the schedule, width, batch slot or drafter (drafter-invariant speculative decoding: Daliri, Musco
@@ -20,39 +21,52 @@ from __future__ import annotations
 import torch
 
 from ..runtime import ModelInput, Step
-from .sampling import SamplingParams, gumbel, truncated_probs
+from .epilogue import NativeEpilogue
+from .epilogue.operator import noise_race
+from . import sampling
+from .sampling import SamplingParams, truncated_probs
+
+
+def torch_race(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+    """The shared-noise sample of every row of prob [B, R, K] (the truncated target; idx [B, R, K] its tokens, or
+    None: dense), keyed by (seed [B], position [B, R]): the token of the first entry of largest p / E (torch
+    ops; the native module's is the operator noise_race, the same up to the logarithm's last bit)."""
+    tokens = idx if idx is not None else torch.arange(prob.shape[-1], device=prob.device).expand(prob.shape)
+    score = prob.to(torch.float64) / sampling.exponential_noise(seed[:, None].expand_as(position), position, tokens)
+    return tokens.gather(-1, score.argmax(-1, keepdim=True))[..., 0]
 
 
 def perturbed_scores(logits: torch.Tensor, inp: ModelInput, seed: torch.Tensor, prompt_len: torch.Tensor,
-                     params: SamplingParams) -> torch.Tensor:
-    """log p(x) + g(seed, j, x) for every row of logits [B, R, V] of the call `inp` (j: the output position the
-    row predicts), -inf outside the truncated support: its argmax is the row's shared-noise sample."""
+                     params: SamplingParams, race=torch_race) -> torch.Tensor:
+    """Scores for every row of logits [B, R, V] of the call `inp` whose argmax is the row's shared-noise sample
+    (one-hot): the token of largest p(x) / E(seed, j, x), j the output position the row predicts, E standard
+    exponential noise, p truncated as the target is: argmax_x (log p(x) + g(x)) with g = -log E Gumbel noise."""
     vocab, rows = logits.shape[-1], logits.shape[1]
     causal = torch.arange(rows, device=logits.device) < inp.layout.n_anchor
     position = (inp.positions + causal - prompt_len[:, None]).clamp(min=0)                 # [B, R]
-    noise = gumbel(seed[:, None].expand_as(position), position, vocab)                     # [B, R, V]
     idx, prob = truncated_probs(logits, params)
-    if idx.shape[-1] == vocab and params.top_k is None and params.top_p is None:           # dense: idx = token
-        return prob.log() + noise
-    scores = torch.full(noise.shape, float("-inf"), dtype=noise.dtype, device=noise.device)
-    return scores.scatter(-1, idx, prob.log() + noise.gather(-1, idx))
+    dense = params.top_k is None and params.top_p is None
+    tokens = race(seed, position, prob, None if dense else idx)
+    return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, tokens[..., None], 1.0)
 
 
 class SharedNoise:
     """A greedy program (schedule, epilogue, state without Q) that samples with `params` by shared noise: each of
-    its calls' logits become `perturbed_scores` before the step's update. Everything else is the program's."""
+    its calls' logits become `perturbed_scores` before the step's update. Everything else is the program's. The
+    noise comes from the native module with the native epilogue (csrc/noise.h), from torch ops otherwise."""
 
     def __init__(self, program, params: SamplingParams):
         if not program.params.greedy:
             raise ValueError("shared-noise sampling runs a greedy program")
         self.program, self.params = program, params
+        self.race = noise_race if isinstance(program.epilogue, NativeEpilogue) else torch_race
         self.steps = [self.perturbed(step) for step in program.steps]
 
     def __getattr__(self, name):
         return getattr(self.program, name)
 
     def scores(self, st, inp: ModelInput, logits: torch.Tensor) -> torch.Tensor:
-        return perturbed_scores(logits, inp, st.seed, st.prompt_len, self.params)
+        return perturbed_scores(logits, inp, st.seed, st.prompt_len, self.params, self.race)
 
     def perturbed(self, step: Step) -> Step:
         """The step with its logits perturbed (its input, a function of the state, is rebuilt for the rows'

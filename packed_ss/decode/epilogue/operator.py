@@ -1,4 +1,5 @@
-"""The native epilogue as a torch operator, `packed_ss::epilogue_step`: how a compiled step calls it.
+"""The native module as torch operators: `packed_ss::epilogue_step` (the native epilogue: how a compiled step
+calls it) and `packed_ss::noise_race` (shared-noise sampling's draw).
 
 torch.compile cannot trace a call on raw addresses, but it can call an operator: this one takes the state's
 tensors, the rows, the workspace and the result buffer, declares what it writes, and makes the native call
@@ -50,3 +51,26 @@ def epilogue_step(cache_len: torch.Tensor, last: torch.Tensor, draft: torch.Tens
 @epilogue_step.register_fake
 def _(*args) -> None:
     return None
+
+
+@torch.library.custom_op("packed_ss::noise_race", mutates_args=())
+def noise_race(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor, idx: Optional[torch.Tensor]) -> torch.Tensor:
+    """shared_noise.torch_race by the native module (csrc/noise.h): the shared-noise sample of every row of prob
+    [B, R, K] (float32 / float64; idx [B, R, K] int64, or None: dense), keyed by (seed [B], position [B, R])."""
+    from .native import native_module
+    mod = native_module()
+    seed, position, prob = seed.contiguous(), position.contiguous(), prob.contiguous()
+    idx = None if idx is None else idx.contiguous()
+    tokens = torch.empty(position.shape, dtype=torch.int64, device=position.device)
+    args = (seed.data_ptr(), position.data_ptr(), position.numel(), position.shape[-1], prob.data_ptr(),
+            32 if prob.dtype == torch.float32 else 64, _ptr(idx), prob.shape[-1], tokens.data_ptr())
+    if tokens.is_cuda:
+        mod.race_cuda(*args, torch.cuda.current_stream(tokens.device).cuda_stream)
+    else:
+        mod.race_cpu(*args)
+    return tokens
+
+
+@noise_race.register_fake
+def _(seed, position, prob, idx):
+    return position.new_empty(position.shape)

@@ -1,0 +1,101 @@
+// Shared-noise sampling (packed_ss/decode/shared_noise.py): the exponential race form of Gumbel-max. A row's
+// sample is the token x of largest p(x) / E(seed, position, x), E = -log(u) standard exponential noise, with
+// the uniform u of packed_ss.decode.sampling.exponential_noise bit for bit: token x takes words 2 (x % 2),
+// 2 (x % 2) + 1 of the Philox4x32-10 block at counter (x / 2, position lo, position hi, kNoiseStream), key
+// (seed lo, seed hi), 53 bits in (0, 1). Rows are independent: the CPU loop below runs them one after the
+// other, the CUDA kernel (noise.cu) one thread block per row.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "epilogue.h"
+
+namespace pss {
+
+constexpr uint32_t kNoiseStream = 1u;  // sampling.NOISE_STREAM: apart from the rejection rule's uniforms
+
+// u of token x in the row keyed by (seed, position).
+PSS_HD double noise_uniform(int64_t seed, int64_t position, int64_t x) {
+  const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(position);
+  const Philox4 r = philox4x32_10(static_cast<uint32_t>(x >> 1), static_cast<uint32_t>(o),
+                                  static_cast<uint32_t>(o >> 32), kNoiseStream, static_cast<uint32_t>(s),
+                                  static_cast<uint32_t>(s >> 32));
+  const int w = static_cast<int>(x & 1) * 2;
+  return (static_cast<double>((static_cast<uint64_t>(r.v[w] >> 5) << 26) + (r.v[w + 1] >> 6)) + 0.5) *
+         (1.0 / 9007199254740992.0);  // 2^-53
+}
+
+// The race over entries begin, begin + step, ... < end of one row: the first entry j with the largest
+// p_j / E(seed, position, token_j), token_j = idx[j] (j when idx is null: dense), starting from `*best`
+// (updated). An entry that cannot win is skipped before its logarithm: p / E <= p / (1 - u), since
+// -log u >= 1 - u (with a margin for the bound's rounding). Returns the entry (-1 when every p is 0).
+template <typename T>
+PSS_HD int64_t race_entry(int64_t seed, int64_t position, const T* prob, const int64_t* idx, int64_t begin,
+                          int64_t end, int64_t step, double* best) {
+  int64_t won = -1;
+  for (int64_t j = begin; j < end; j += step) {
+    const double p = static_cast<double>(prob[j]);
+    if (!(p > 0.0)) continue;
+    const double u = noise_uniform(seed, position, idx ? idx[j] : j);
+    if (won >= 0 && p / (1.0 - u) * (1.0 + 1e-12) <= *best) continue;
+    const double score = p / -log(u);
+    if (won < 0 || score > *best) {
+      *best = score;
+      won = j;
+    }
+  }
+  return won;
+}
+
+// The race of a dense row on the CPU: the same decisions as race_entry, the uniforms made first, a chunk at a
+// time and one Philox block per pair of tokens (a loop the compiler can vectorise).
+template <typename T>
+int64_t race_dense_cpu(int64_t seed, int64_t position, const T* prob, int64_t k) {
+  constexpr int64_t kChunk = 512;
+  double u[kChunk];
+  const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(position);
+  int64_t won = -1;
+  double best = 0.0;
+  for (int64_t c = 0; c < k; c += kChunk) {
+    const int64_t n = imin(kChunk, k - c);
+    for (int64_t i = 0; i < n; i += 2) {
+      const Philox4 r = philox4x32_10(static_cast<uint32_t>((c + i) >> 1), static_cast<uint32_t>(o),
+                                      static_cast<uint32_t>(o >> 32), kNoiseStream, static_cast<uint32_t>(s),
+                                      static_cast<uint32_t>(s >> 32));
+      u[i] = (static_cast<double>((static_cast<uint64_t>(r.v[0] >> 5) << 26) + (r.v[1] >> 6)) + 0.5) *
+             (1.0 / 9007199254740992.0);
+      u[i + 1] = (static_cast<double>((static_cast<uint64_t>(r.v[2] >> 5) << 26) + (r.v[3] >> 6)) + 0.5) *
+                 (1.0 / 9007199254740992.0);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const double p = static_cast<double>(prob[c + i]);
+      if (!(p > 0.0)) continue;
+      if (won >= 0 && p / (1.0 - u[i]) * (1.0 + 1e-12) <= best) continue;
+      const double score = p / -log(u[i]);
+      if (won < 0 || score > best) {
+        best = score;
+        won = c + i;
+      }
+    }
+  }
+  return won;
+}
+
+// tokens[r] = the shared-noise sample of row r (prob [n_rows, k], idx [n_rows, k] or null), keyed by
+// (seed[r / rows_per_seed], position[r]).
+template <typename T>
+void race_rows_cpu(const int64_t* seed, const int64_t* position, int64_t n_rows, int64_t rows_per_seed, const T* prob,
+                   const int64_t* idx, int64_t k, int64_t* tokens) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    double best = 0.0;
+    const int64_t key = seed[r / rows_per_seed];
+    const int64_t* row_idx = idx ? idx + r * k : nullptr;
+    const int64_t j = row_idx ? race_entry(key, position[r], prob + r * k, row_idx, 0, k, 1, &best)
+                              : race_dense_cpu(key, position[r], prob + r * k, k);
+    const int64_t e = j < 0 ? 0 : j;
+    tokens[r] = row_idx ? row_idx[e] : e;
+  }
+}
+
+}  // namespace pss

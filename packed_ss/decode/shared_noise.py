@@ -69,9 +69,14 @@ class SharedNoise:
         return perturbed_scores(logits, inp, st.seed, st.prompt_len, self.params, self.race)
 
     def perturbed(self, step: Step) -> Step:
-        """The step with its logits perturbed (its input, a function of the state, is rebuilt for the rows'
-        positions: the model call does not change the state)."""
-        return Step(step.inputs, lambda st, logits: step.update(st, self.scores(st, step.inputs(st), logits)))
+        """The step with its logits perturbed; the rows' positions come from the input the step built for the
+        call (the runtime builds a step's input, calls the model, then updates)."""
+        built = []
+
+        def inputs(st) -> ModelInput:
+            built[:] = [step.inputs(st)]
+            return built[0]
+        return Step(inputs, lambda st, logits: step.update(st, self.scores(st, built[0], logits)))
 
     def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:
         return self.perturbed(self.program.prefill(*prompts, cached=cached))

@@ -61,7 +61,7 @@ class Engine:
     def __init__(self, model: DualModeModel, schedule: str = "packed", width: int | str | None = "auto",
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
                  epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, sampler: str = "rejection"):
+                 prefill_chunk: int = PREFILL_CHUNK, sampler: str = "rejection", kv_cache_bytes: int | None = None):
         """`width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
         maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
         and this device's per-call latency, measured once per process (width.py); at most the model's
@@ -81,7 +81,9 @@ class Engine:
         `max_seq_len` caps prompt + new tokens (default: the model's). `prefill_chunk`: the most prompt
         tokens one call prefills; a longer prompt enters the cache a chunk per decode iteration, so requests
         already running wait at most one chunk's call per iteration for it (same tokens as one call, up to
-        float rounding of the attention sums).
+        float rounding of the attention sums). `kv_cache_bytes`: the most bytes a batch's K/V cache may take
+        (default: no limit); a batch runs fewer requests at once rather than exceed it (a request that does not
+        fit alone is a ValueError).
 
         `epilogue`: "native" ends each step (acceptance, residual / bonus draw, emit, retain) in one call
         of the compiled epilogue (csrc/, packed_ss/epilogue/), "torch" in the plain-torch reference;
@@ -121,12 +123,14 @@ class Engine:
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         _check_int("max_seq_len", self.max_seq_len, 2)
         _check_int("prefill_chunk", prefill_chunk, 1)
+        if kv_cache_bytes is not None:
+            _check_int("kv_cache_bytes", kv_cache_bytes, 1)
         self.epilogue = self._pick_epilogue(epilogue, model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         mode = "graph" if cuda_graph else ("compile" if compile else "eager")
         self.runtime = Runtime(model, attention_backend(self.backend), mode,
                                ("inductor" if compile is True else compile) or None, self.max_seq_len,
-                               prefill_chunk)
+                               prefill_chunk, kv_cache_bytes)
         self._programs: dict[SamplingParams, object] = {}
         self.width_source = "given"
         self.width = self._auto_width() if auto else width

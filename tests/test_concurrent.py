@@ -184,3 +184,27 @@ def test_any_order_streams_take_turns(batch_sizes):
         for i, s in enumerate(streams):
             got[i] += next(s, [])
     assert got == alone and max(batch_sizes) == 1
+
+
+def test_kv_cache_budget_limits_the_batch(model, batch_sizes):
+    """kv_cache_bytes holds three slots of these requests' cache: eight prompts decode three at a time (the rest
+    wait for free slots), each equal to alone, and the cache never exceeds the budget; a request that does not
+    fit alone is refused by name."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    slot = engine.runtime.slot_bytes(256)                    # every request here fits one CACHE_QUANTUM
+    budget = packed_ss.Engine(model, schedule="packed", width=3, kv_cache_bytes=3 * slot + slot // 2)
+    prompts = [PROMPTS[i % 4] for i in range(8)]
+    kwargs = dict(max_new_tokens=[10 + 3 * i for i in range(8)], eos_token_id=[], temperature=1.0, seed=2)
+    want = engine.generate_batch(prompts, **kwargs)
+    batch_sizes.clear()
+    got = budget.generate_batch(prompts, **kwargs)
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert max(batch_sizes) == 3
+    cache = budget.runtime._cache
+    assert 2 * cache.k.numel() * cache.k.element_size() <= budget.runtime.kv_cache_bytes
+    tiny = packed_ss.Engine(model, schedule="packed", width=3, kv_cache_bytes=slot // 2)
+    with pytest.raises(ValueError, match=rf"request 0: its K/V cache \(256 positions, {slot} bytes\) exceeds "
+                                         rf"kv_cache_bytes {slot // 2}"):
+        tiny.generate(PROMPTS[0], max_new_tokens=10)
+    with pytest.raises(ValueError, match=r"kv_cache_bytes must be an integer >= 1, got 0"):
+        packed_ss.Engine(model, width=3, kv_cache_bytes=0)

@@ -28,7 +28,7 @@ from ..model.dual_mode import DualModeModel, KVCache
 from .batch import CACHE_QUANTUM, Batch, Clock, Shape, padded
 from .program import ModelInput, Step
 from .request import GenerateResult, Request
-from .scheduler import Scheduler
+from .scheduler import MAX_SLOTS, Scheduler
 from .staging import staged
 
 MODES = ("eager", "compile", "graph")
@@ -45,10 +45,13 @@ class Runtime:
     torch.compile(fullgraph=True, backend=compile_backend) ("compile"), or the whole iteration captured in a
     CUDA graph and replayed ("graph": its steps compiled inside the graph too when `compile_backend` is set,
     so a replay launches fused kernels). `prefill_chunk`: the most prompt tokens one call prefills; a longer
-    prompt enters its cache in chunks of that many, one per scheduler step (scheduler.py)."""
+    prompt enters its cache in chunks of that many, one per scheduler step (scheduler.py). `kv_cache_bytes`:
+    the most bytes a batch's K/V cache may take (None: no limit); a scheduler runs fewer requests at once
+    rather than exceed it."""
 
     def __init__(self, model: DualModeModel, attend, mode: str = "eager", compile_backend: str | None = None,
-                 max_seq_len: int | None = None, prefill_chunk: int = PREFILL_CHUNK):
+                 max_seq_len: int | None = None, prefill_chunk: int = PREFILL_CHUNK,
+                 kv_cache_bytes: int | None = None):
         if mode == "compile" and compile_backend is None:
             raise ValueError("mode 'compile' needs a compile backend")
         self.model, self.attend, self.mode, self.compile_backend = model, attend, mode, compile_backend
@@ -57,6 +60,7 @@ class Runtime:
             dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         self.prefill_chunk = prefill_chunk
+        self.kv_cache_bytes = kv_cache_bytes
         self._cache: KVCache | None = None
         self._cache_held = False                      # a running batch holds the shared cache
         self._lock = threading.RLock()
@@ -133,8 +137,33 @@ class Runtime:
         cache = self._cache
         if cache is None or cache.capacity < capacity or cache.k.shape[1] < slots:
             grown = max(capacity, cache.capacity if cache else 0), max(slots, cache.k.shape[1] if cache else 0)
+            if self.max_slots(grown[0]) < grown[1]:       # both maxima together exceed the budget: this shape
+                grown = capacity, slots
+            self._cache = cache = None                    # the old buffer goes before the new one is made
             self._cache = cache = self.model.new_cache(grown[0], batch=grown[1])
         return KVCache(cache.k[:, :slots, :, :capacity], cache.v[:, :slots, :, :capacity])
+
+    def slot_bytes(self, capacity: int) -> int:
+        """K/V bytes of one slot of `capacity` positions."""
+        c = self.model.cfg
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * capacity * self.model.dtype.itemsize
+
+    def max_slots(self, capacity: int) -> int:
+        """The most slots of `capacity` positions a batch may have within the K/V budget (MAX_SLOTS without
+        one; compiled and captured steps: a power of two; 0: not even one)."""
+        if self.kv_cache_bytes is None:
+            return MAX_SLOTS
+        most = min(MAX_SLOTS, self.kv_cache_bytes // self.slot_bytes(capacity))
+        return most if self.mode == "eager" or most == 0 else 1 << (most.bit_length() - 1)
+
+    def capacity(self, program, requests: list[Request]) -> int:
+        """Cache positions per slot of a batch made for `requests` (and the program's reserve): rounded up to
+        CACHE_QUANTUM, or, in graph mode, to a power of two (at least CACHE_QUANTUM, at most max_seq_len),
+        so that few shapes are captured as requests grow."""
+        need = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
+        if self.mode == "graph":
+            return min(self.max_seq_len + program.reserve, padded(max(CACHE_QUANTUM, need)))
+        return CACHE_QUANTUM * math.ceil(need / CACHE_QUANTUM)
 
     # -- batches ---------------------------------------------------------------------------------------
     def batch_size(self, requests: int) -> int:
@@ -151,20 +180,16 @@ class Runtime:
         batch per program and slot count, captured again when a longer request comes). While another batch
         holds the shared cache, this one gets a cache (and graphs) of its own."""
         private = self._cache_held
-        need = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
         slots = self.batch_size(slots)
+        capacity = self.capacity(program, requests)
+        tokens = capacity - program.reserve
         if self.mode != "graph":
-            capacity = CACHE_QUANTUM * math.ceil(need / CACHE_QUANTUM)
-            tokens = capacity - program.reserve
             batch = Batch(self, program, slots, Shape.for_requests(requests), self.cache_for(capacity, slots, private),
                           tokens)
         else:
             key = (id(program), slots)
             batch = None if private else self._batches.get(key)
             if batch is None or not all(batch.fits(r) for r in requests):
-                # sized for these requests, rounded up to a power of two (few re-captures as requests grow)
-                capacity = min(self.max_seq_len + program.reserve, padded(max(CACHE_QUANTUM, need)))
-                tokens = capacity - program.reserve
                 batch = Batch(self, program, slots, Shape.for_requests(requests, tokens),
                               self.cache_for(capacity, slots, private), tokens)
                 self._keep(key, batch, private)

@@ -98,6 +98,12 @@ class Scheduler:
         return self.batch is None and not self.waiting
 
     def add(self, requests: list[Request], limit: int, stream: bool) -> Group:
+        runtime = self.runtime
+        for i, r in enumerate(requests):
+            capacity = runtime.capacity(self.program, [r])
+            if runtime.max_slots(capacity) < 1:
+                raise ValueError(f"request {i}: its K/V cache ({capacity} positions, {runtime.slot_bytes(capacity)} "
+                                 f"bytes) exceeds kv_cache_bytes {runtime.kv_cache_bytes}")
         group = Group(requests, limit, stream)
         self.waiting.extend((group, i) for i in range(len(requests)))
         return group
@@ -220,11 +226,15 @@ class Scheduler:
     def _admit(self) -> None:
         most = getattr(self.program, "max_batch", None) or MAX_SLOTS
         admissible = self._admissible()
-        if self.batch is not None and self.batch.slots >= most:    # it cannot grow: the free slots only
-            admissible = admissible[:len(self._free())]
+        if self.batch is not None:
+            most = min(most, self.runtime.max_slots(self.batch.cache.capacity))
+            if self.batch.slots >= most:                          # it cannot grow: the free slots only
+                admissible = admissible[:len(self._free())]
         if not admissible:
             return
-        if self.batch is None:
+        if self.batch is None:   # as many as the K/V budget holds at the cache length they need
+            capacity = self.runtime.capacity(self.program, [g.requests[i] for g, i in admissible[:most]])
+            most = min(most, max(1, self.runtime.max_slots(capacity)))
             admissible = admissible[:most]
             self.batch = self.runtime.hold(self.program, [g.requests[i] for g, i in admissible], len(admissible))
             self.running = [None] * self.batch.slots

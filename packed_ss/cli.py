@@ -23,10 +23,12 @@ from .model.loading import DTYPES, default_model_path, load_model
 from .model.setdlm import convert
 from .model.tokenizer import load_tokenizer
 
-FORWARDED = {    # the lab's commands: name -> (module under packed_ss, help)
+FORWARDED = {    # commands that parse their own options (the lab's, the server): name -> (module under packed_ss, help)
+    "serve": ("serve.cli", "serve a model behind an OpenAI-compatible HTTP API (the serve extra)"),
     "bench": ("lab.bench.schedules", "benchmark the schedules (throughput, intervals, peers)"),
     "bench-any-order": ("lab.bench.any_order", "benchmark the any-order schedules and the threshold decoder"),
     "bench-samplers": ("lab.bench.samplers", "the rejection rule against shared noise (tokens per call, speed)"),
+    "bench-serve": ("lab.bench.serve", "the server on loopback against generate_batch (throughput, latency)"),
     "train-drafter": ("lab.drafter.train", "train a drafting LoRA by self-distillation"),
     "profile-drafter": ("lab.drafter.measure", "measure a drafter's acceptance profile for width='auto'"),
 }

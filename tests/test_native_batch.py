@@ -86,6 +86,7 @@ def make_case(seed: int, batch: int):
         f[name] = torch.randint(0, hi, (batch,), generator=gen)
     f["seed"] = torch.randint(0, 2**62, (batch,), generator=gen)
     f["offset"] = torch.randint(0, 2 ** rng.choice([8, 40, 62]), (batch,), generator=gen)
+    f["prompt_len"] = torch.randint(1, 30, (batch,), generator=gen)     # not read by the epilogue
     assert set(f) == set(FIELDS)
     return SimpleCase(mode, dtype, width, vocab, k, params, f, rng, gen)
 

@@ -1,0 +1,66 @@
+"""`python -m packed_ss serve [MODEL_DIR] [options]`: the OpenAI-compatible server (app.py) with uvicorn."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+
+def _width(text: str):
+    return text if text == "auto" else int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m packed_ss serve",
+        description="Serve a model behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
+                    "/v1/models, /health, /metrics), every request decoded by packed self-speculative decoding "
+                    "in one continuously batched engine. Needs the serve extra: pip install -e '.[serve]'.")
+    p.add_argument("model", nargs="?", default=None, help="model directory (default: the shipped model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--schedule", default="packed", help="decoding schedule (default packed)")
+    p.add_argument("--width", type=_width, default="auto", help="draft width: auto (default) or an integer")
+    p.add_argument("--sampler", choices=("rejection", "gumbel"), default="rejection",
+                   help="how sampled drafts are verified (both exact; default rejection)")
+    p.add_argument("--max-batch", type=int, default=64, help="requests decoded at once at most (default 64)")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="requests queued beyond those; more get HTTP 429 (default 256)")
+    p.add_argument("--draft-adapter", default=None, help="drafting adapter directory (default: the model's own)")
+    p.add_argument("--no-draft-adapter", action="store_true", help="serve without the model's drafting adapter")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16", "float64"),
+                   help="weights' dtype (default: the checkpoint's)")
+    p.add_argument("--cuda-graph", action="store_true", help="capture each decode iteration in a CUDA graph")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: its directory)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        import uvicorn
+    except ImportError:
+        print("error: serving needs the serve extra: pip install -e '.[serve]'")
+        return 2
+    from ..engine import Engine
+    from ..model.loading import default_model_path, load_model
+    from ..model.tokenizer import load_tokenizer
+    from .app import make_app
+
+    for name in ("max_batch", "max_waiting", "port"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            return 2
+    path = Path(args.model) if args.model else default_model_path()
+    adapter = None if args.no_draft_adapter else (args.draft_adapter or "auto")
+    model = load_model(path, device=args.device, dtype=getattr(torch, args.dtype) if args.dtype else None,
+                       draft_adapter=adapter)
+    engine = Engine(model, schedule=args.schedule, width=args.width, sampler=args.sampler, cuda_graph=args.cuda_graph)
+    app = make_app(engine, load_tokenizer(path), args.served_model_name or path.name, path, args.api_key,
+                   args.max_batch, args.max_waiting)
+    print(f"packed-ss: serving {path} ({engine.schedule_name}, W = {engine.width}) on http://{args.host}:{args.port}")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

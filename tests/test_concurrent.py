@@ -208,3 +208,26 @@ def test_kv_cache_budget_limits_the_batch(model, batch_sizes):
         tiny.generate(PROMPTS[0], max_new_tokens=10)
     with pytest.raises(ValueError, match=r"kv_cache_bytes must be an integer >= 1, got 0"):
         packed_ss.Engine(model, width=3, kv_cache_bytes=0)
+
+
+def test_a_request_too_long_for_the_cache_joins_a_longer_one(model, batch_sizes):
+    """A stream runs in a batch whose cache holds 256 positions; a request of 250 prompt tokens + 40 new joins
+    it: the batch moves to a 512-position cache (the running request's K/V copied) instead of making the
+    newcomer wait for it to drain, and both get what they get alone."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    short = dict(prompt_ids=PROMPTS[0], max_new_tokens=60, eos_token_id=[], temperature=1.0, seed=1)
+    long = dict(prompt_ids=[i % 90 + 1 for i in range(250)], max_new_tokens=40, eos_token_id=[], temperature=1.0,
+                seed=2)
+    want = [engine.generate(**r).tokens for r in (short, long)]
+    batch_sizes.clear()
+    streams = [engine.stream(**short)]
+    got = [next(streams[0]), []]
+    scheduler = engine.runtime.scheduler(engine.program(packed_ss.decode.sampling.SamplingParams(temperature=1.0)))
+    assert scheduler.batch.cache.capacity == 256
+    streams.append(engine.stream(**long))
+    got[1] += next(streams[1])
+    assert scheduler.batch.cache.capacity == 512 and sum(r is not None for r in scheduler.running) == 2
+    for _ in range(100):
+        for i, s in enumerate(streams):
+            got[i] += next(s, [])
+    assert got == want and max(batch_sizes) == 2

@@ -113,9 +113,10 @@ class Batch:
         self.state.done[src].fill_(True)
 
     def take(self, other: "Batch", src: int, dst: int) -> None:
-        """The request in slot `src` of `other`, a batch of the same shapes, continues in slot `dst` of this one
-        (device copies: a batch that grows)."""
+        """The request in slot `src` of `other`, a batch of the same state shapes, continues in slot `dst` of this
+        one (device copies: a batch that grows, in slots or in cache length)."""
         self.state.slot(dst).copy_(other.state.slot(src))
-        self.cache.k[:, dst].copy_(other.cache.k[:, src])
-        self.cache.v[:, dst].copy_(other.cache.v[:, src])
+        n = min(self.cache.capacity, other.cache.capacity)       # a batch with a longer cache: the old length
+        self.cache.k[:, dst, :, :n].copy_(other.cache.k[:, src, :, :n])
+        self.cache.v[:, dst, :, :n].copy_(other.cache.v[:, src, :, :n])
         self.poll.start[dst].copy_(other.poll.start[src])

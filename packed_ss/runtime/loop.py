@@ -198,12 +198,14 @@ class Runtime:
         self._cache_held |= not private
         return batch
 
-    def regrow(self, old: Batch, slots: int) -> Batch:
-        """A batch like `old` (shapes, cache length, the same hold on the shared cache) with more slots."""
+    def regrow(self, old: Batch, slots: int, capacity: int | None = None) -> Batch:
+        """A batch like `old` (shapes, the same hold on the shared cache) with more slots, or a longer cache
+        (`capacity` positions per slot)."""
         slots = self.batch_size(slots)
         private = not old.shared_cache
-        cache = self.cache_for(old.cache.capacity, slots, private)
-        batch = Batch(self, old.program, slots, old.shape, cache, old.tokens)
+        capacity = max(capacity or 0, old.cache.capacity)
+        cache = self.cache_for(capacity, slots, private)
+        batch = Batch(self, old.program, slots, old.shape, cache, cache.capacity - old.program.reserve)
         if self.mode == "graph":
             self._keep((id(old.program), slots), batch, private)
         batch.shared_cache = old.shared_cache

@@ -6,8 +6,9 @@ the loop themselves: whichever caller needs tokens it does not have yet runs `st
 and every request's tokens and result land in its own group's events, so a caller gets exactly what its
 requests get alone, whoever ran the iteration that made them. A step:
 1. admits waiting requests into free slots (those in consecutive slots prefill in one call; the batch grows
-   when it has no free slot; a request the batch's shapes do not fit waits, and holds the queue, until the
-   batch has drained). A prompt longer than the runtime's `prefill_chunk` enters its cache a chunk per step
+   when it has no free slot, and moves to a longer cache for a request whose prompt and new tokens do not
+   fit its cache; a request whose other shapes (stop tables, length cap) do not fit, or whose cache the K/V
+   budget cannot hold at the batch's size, waits, and holds the queue, until the batch has drained). A prompt longer than the runtime's `prefill_chunk` enters its cache a chunk per step
    (K/V only) before its last part and first block are prefilled, so that a long prompt holds the running
    requests up by one chunk's call per step at most;
 2. runs one iteration of the whole batch (every step of the program, then the status table) and queues
@@ -227,6 +228,7 @@ class Scheduler:
         most = getattr(self.program, "max_batch", None) or MAX_SLOTS
         admissible = self._admissible()
         if self.batch is not None:
+            self._lengthen()
             most = min(most, self.runtime.max_slots(self.batch.cache.capacity))
             if self.batch.slots >= most:                          # it cannot grow: the free slots only
                 admissible = admissible[:len(self._free())]
@@ -302,13 +304,35 @@ class Scheduler:
 
     def _grow(self, more: int, most: int) -> None:
         """At least `more` free slots: the running requests move to a batch of twice the slots (or as many as
-        needed; at most `most`), after the tables in flight are handed out."""
+        needed; at most `most`)."""
+        taken = sum(r is not None for r in self.running) + len(self.prefilling)
+        self._regrow(min(max(2 * self.batch.slots, taken + more), most))
+
+    def _lengthen(self) -> None:
+        """When the next request to admit needs a longer cache than the batch has (its other shapes fit), the
+        batch moves to a cache that long, if the K/V budget holds its slots at that length; otherwise the
+        request waits for the batch to drain (_admissible)."""
+        taken = {}
+        for group, i in self.waiting:
+            if group.running + taken.get(group, 0) >= group.limit:
+                continue
+            request = group.requests[i]
+            if self.batch.fits(request):
+                taken[group] = taken.get(group, 0) + 1
+                continue
+            capacity = self.runtime.capacity(self.program, [request])
+            if self.batch.shape.fits(request) and self.runtime.max_slots(capacity) >= self.batch.slots:
+                self._regrow(self.batch.slots, capacity)
+            return
+
+    def _regrow(self, slots: int, capacity: int | None = None) -> None:
+        """The running (and prefilling) requests move to a batch of `slots` slots and at least `capacity` cache
+        positions, after the tables in flight are handed out."""
         old = self.batch
         while old.poll.in_flight:
             self._deliver(old.poll.read())
         running = [(b, r) for b, r in enumerate(self.running) if r is not None]
-        slots = min(max(2 * old.slots, len(running) + len(self.prefilling) + more), most)
-        new = self.runtime.regrow(old, slots)
+        new = self.runtime.regrow(old, slots, capacity)
         self.running = [None] * new.slots
         for dst, (src, r) in enumerate(running):
             new.take(old, src, dst)

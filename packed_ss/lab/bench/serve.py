@@ -4,8 +4,8 @@
     python -m packed_ss bench-serve --quick --out DIR          (about a minute)
 
 The shipped model, Packed-SS at the engine's width, greedy, HumanEval prompts. At each concurrency c the same
-requests run (a) through the server, at most c in flight, streamed with the `openai` client from this process
-(its own event loop thread, on the same cores), and (b) offline through `engine.stream_batch(batch_size=c)`
+requests run (a) through the server, at most c in flight, streamed with the `openai` client from a process of
+its own (on the same cores: loopback), and (b) offline through `engine.stream_batch(batch_size=c)`
 on an engine of its own; the two alternate over `--rounds` rounds (paired by round). Reported per
 concurrency: aggregate throughput of each (generated tokens / wall) and their ratio per round (median and
 range), time to first token and the gap between streamed chunks (p50 / p90 / p99 over every request of every
@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,11 @@ def serve_in_thread(app):
     while not server.started:
         time.sleep(0.01)
     return server, thread, server.servers[0].sockets[0].getsockname()[1]
+
+
+def client_process(url: str, prompts: list[str], max_tokens: int, concurrency: int) -> dict:
+    """The load generator's side, run in a process of its own (no GIL shared with the server)."""
+    return asyncio.run(through_server(url, prompts, max_tokens, concurrency))
 
 
 async def through_server(url: str, prompts: list[str], max_tokens: int, concurrency: int) -> dict:
@@ -130,7 +137,9 @@ def main(argv=None) -> int:
     app = make_app(served, tok, "default", path, max_batch=max(args.concurrency), max_waiting=len(texts))
     server, thread, port = serve_in_thread(app)
     url = f"http://127.0.0.1:{port}/v1"
-    asyncio.run(through_server(url, texts[:2], 8, 2))            # warm both paths
+    clients = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    through = lambda c: clients.submit(client_process, url, texts, args.max_new_tokens, c).result()  # noqa: E731
+    clients.submit(client_process, url, texts[:2], 8, 2).result()       # warm both paths
     offline(local, ids[:2], 8, 2)
     rows, raw = [], {}
     for c in args.concurrency:
@@ -138,8 +147,7 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             order = ("server", "offline") if r % 2 == 0 else ("offline", "server")
             for kind in order:
-                runs[kind].append(asyncio.run(through_server(url, texts, args.max_new_tokens, c)) if kind == "server"
-                                  else offline(local, ids, args.max_new_tokens, c))
+                runs[kind].append(through(c) if kind == "server" else offline(local, ids, args.max_new_tokens, c))
         ratio = [(s["tokens"] / s["wall_s"]) / (o["tokens"] / o["wall_s"]) for s, o in zip(runs["server"], runs["offline"])]
         gap_server = [g for run in runs["server"] for g in run["gap_s"]]
         gap_offline = [g for run in runs["offline"] for g in run["gap_s"]]
@@ -152,6 +160,7 @@ def main(argv=None) -> int:
                      "added_ms_per_chunk": (float(np.median(gap_server) - np.median(gap_offline)) * 1e3
                                             if gap_server and gap_offline else None)})
         raw[c] = runs
+    clients.shutdown()
     server.should_exit = True
     thread.join(timeout=30)
     lines = ["| concurrency | server tok/s | offline tok/s | server / offline (median [min, max] over rounds) | "

@@ -127,10 +127,10 @@ struct Block {
   }
 
   template <typename T>
-  __device__ void subtract_clamp(T* scratch, const int64_t* q_idx, const double* q_prob, int64_t k) {
+  __device__ void subtract_clamp(T* scratch, const int64_t* q_idx, const T* q_prob, int64_t k) {
     for (int64_t j = threadIdx.x; j < k; j += NT) {
       const int64_t x = q_idx ? q_idx[j] : j;
-      const T r = scratch[x] - static_cast<T>(q_prob[j]);
+      const T r = scratch[x] - q_prob[j];
       scratch[x] = r > T(0) ? r : T(0);
     }
     __syncthreads();
@@ -164,7 +164,7 @@ __global__ void retain_q_kernel(State st_all, Step<T> s_all) {
     const int64_t i = e / k, j = e - i * k;
     const int64_t src = imin(shift + i, n_z - 1);
     if (z_idx) st.q_idx[e] = z_idx[src * z_k + j];
-    st.q_prob[e] = static_cast<double>(s.z_prob[src * z_k + j]);
+    q_prob_of<T>(st)[e] = s.z_prob[src * z_k + j];
   }
 }
 

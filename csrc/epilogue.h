@@ -87,7 +87,7 @@ struct State {
   int64_t* draft;       // [width]
   int64_t* draft_len;
   int64_t* q_idx;       // [width, support] (not read or written when Step::dense)
-  double* q_prob;       // [width, support]
+  void* q_prob;         // [width, support], in the rows' probability dtype T (q_bytes = sizeof(T))
   int64_t* out;         // [out_len], out_len >= max_new + block
   int64_t* n_out;
   bool* done;
@@ -104,7 +104,12 @@ struct State {
   int64_t n_stop;
   int64_t batch;     // the requests of one call
   int64_t out_len;   // out's row length (out.stride(0))
+  int64_t q_bytes;   // bytes per q_prob entry: 4 (float32) or 8 (float64), the step's T
 };
+
+// q_prob as the step's probability type (Python checks that the two agree).
+template <typename T>
+PSS_HD T* q_prob_of(const State& st) { return static_cast<T*>(st.q_prob); }
 
 // What the step verifies.
 enum Verify : int32_t {
@@ -158,7 +163,7 @@ PSS_HD State at(const State& st, int64_t b) {
   r.draft = advance(st.draft, b * st.width);
   r.draft_len = advance(st.draft_len, b);
   r.q_idx = advance(st.q_idx, b * q);
-  r.q_prob = advance(st.q_prob, b * q);
+  r.q_prob = st.q_prob ? static_cast<void*>(static_cast<char*>(st.q_prob) + b * q * st.q_bytes) : nullptr;
   r.out = advance(st.out, b * st.out_len);
   r.n_out = advance(st.n_out, b);
   r.done = advance(st.done, b);
@@ -237,12 +242,12 @@ struct Serial {
       for (int64_t j = 0; j < k; ++j) scratch[idx[j]] = prob[j];
   }
 
-  // scratch = max(scratch - Q, 0) for the stored sparse Q (float64, rounded to T first, as the reference)
+  // scratch = max(scratch - Q, 0) for the stored sparse Q
   template <typename T>
-  static void subtract_clamp(T* scratch, const int64_t* q_idx, const double* q_prob, int64_t k) {
+  static void subtract_clamp(T* scratch, const int64_t* q_idx, const T* q_prob, int64_t k) {
     for (int64_t j = 0; j < k; ++j) {
       const int64_t x = q_idx ? q_idx[j] : j;
-      const T r = scratch[x] - static_cast<T>(q_prob[j]);
+      const T r = scratch[x] - q_prob[j];
       scratch[x] = r > T(0) ? r : T(0);
     }
   }
@@ -255,7 +260,7 @@ struct Serial {
       const int64_t src = imin(shift + i, s.n_z - 1);
       for (int64_t j = 0; j < k; ++j) {
         if (!s.dense) st.q_idx[i * k + j] = s.z_idx[src * s.z_k + j];
-        st.q_prob[i * k + j] = static_cast<double>(s.z_prob[src * s.z_k + j]);
+        q_prob_of<T>(st)[i * k + j] = s.z_prob[src * s.z_k + j];
       }
     }
   }
@@ -311,7 +316,7 @@ PSS_HD void verify(const State& st, const Step<T>& s, X& x) {
   while (h < w && h < draft_len) {
     const int64_t d = st.draft[h];
     const T p_d = x.lookup(row_of(v_idx, h, s.v_k), s.v_prob + h * s.v_k, s.v_k, d);
-    const T q_d = static_cast<T>(x.lookup(row_of(q_idx, h, st.support), st.q_prob + h * st.support, st.support, d));
+    const T q_d = x.lookup(row_of(q_idx, h, st.support), q_prob_of<T>(st) + h * st.support, st.support, d);
     if (!(static_cast<T>(philox_uniform(seed, offset, h)) * q_d < p_d)) break;
     ++h;
   }
@@ -323,7 +328,7 @@ PSS_HD void verify(const State& st, const Step<T>& s, X& x) {
   int64_t c = 0;
   if (h < draft_len) {
     const int64_t hq = imin(h, w - 1);
-    x.subtract_clamp(s.scratch, row_of(q_idx, hq, st.support), st.q_prob + hq * st.support, st.support);
+    x.subtract_clamp(s.scratch, row_of(q_idx, hq, st.support), q_prob_of<T>(st) + hq * st.support, st.support);
     c = x.inverse_cdf(s.scratch, s.vocab, u_c, &positive);
     if (!positive) x.densify(s.scratch, s.vocab, row_of(v_idx, h, s.v_k), s.v_prob + h * s.v_k, s.v_k);
   }

@@ -33,17 +33,19 @@ P* as_ptr(uintptr_t address) {
 State make_state(uintptr_t cache_len, uintptr_t last, uintptr_t draft, uintptr_t draft_len, uintptr_t q_idx,
                  uintptr_t q_prob, uintptr_t out, uintptr_t n_out, uintptr_t done, uintptr_t seed, uintptr_t offset,
                  uintptr_t stop_ids, uintptr_t max_new, uintptr_t nfe, uintptr_t n_verify, uintptr_t n_accepted,
-                 uintptr_t n_bonus, int64_t width, int64_t support, int64_t n_stop, int64_t batch, int64_t out_len) {
+                 uintptr_t n_bonus, int64_t width, int64_t support, int64_t n_stop, int64_t batch, int64_t out_len,
+                 int64_t q_bytes) {
   if (width < 1 || support < 1 || n_stop < 0) throw std::invalid_argument("State: bad width / support / n_stop");
   if (batch < 0 || out_len < width + 1) throw std::invalid_argument("State: bad batch / out_len");
+  if (q_bytes != 4 && q_bytes != 8) throw std::invalid_argument("State: q_prob must be float32 or float64");
   return State{as_ptr<int64_t>(cache_len),     as_ptr<int64_t>(last),       as_ptr<int64_t>(draft),
-               as_ptr<int64_t>(draft_len),     as_ptr<int64_t>(q_idx),      as_ptr<double>(q_prob),
+               as_ptr<int64_t>(draft_len),     as_ptr<int64_t>(q_idx),      as_ptr<void>(q_prob),
                as_ptr<int64_t>(out),           as_ptr<int64_t>(n_out),      as_ptr<bool>(done),
                as_ptr<const int64_t>(seed),    as_ptr<int64_t>(offset),     as_ptr<const int64_t>(stop_ids),
                as_ptr<const int64_t>(max_new), as_ptr<int64_t>(nfe),        as_ptr<int64_t>(n_verify),
                as_ptr<int64_t>(n_accepted),    as_ptr<int64_t>(n_bonus),    width,
                support,                        n_stop,                      batch,
-               out_len};
+               out_len,                        q_bytes};
 }
 
 struct Args {  // one call's arguments, as Python passes them

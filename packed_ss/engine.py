@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import math
 import os
 import sys
@@ -22,6 +23,7 @@ from .model.attention import attention_backend
 from .model.dual_mode import DualModeModel
 from .runtime import GenerateResult, Request, Runtime
 from .runtime.loop import PREFILL_CHUNK
+from .runtime.scheduler import Group
 from .runtime.program import call_layouts
 from .width import call_cost, choose_width, machine, model_fingerprint, profile_kind, remembered, step_overhead
 
@@ -32,6 +34,13 @@ PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for wi
 
 
 SAMPLERS = ("rejection", "gumbel")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A checked request and the program that decodes it (`Engine.request`)."""
+    request: Request
+    program: object
 
 
 def _check_int(name, value, low, high=None):
@@ -235,6 +244,31 @@ class Engine:
         request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                         eos_token_id, stop_token_ids, stop_sequences)
         return self._tokens_of_one(self.runtime.decode(self.program(params), [request], stream=True))
+
+    # -- the request-level interface: a caller that runs the loop itself (the server's decode thread) --------
+    def request(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+                top_p: float | None = None, seed: int | None = None, eos_token_id: int | list[int] | None = None,
+                stop_token_ids: list[int] | None = None,
+                stop_sequences: list[list[int]] | None = None) -> Submission:
+        """A request checked as `generate` checks it (ValueError naming the argument), with its program; nothing
+        runs until it is `add`ed."""
+        request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                                        eos_token_id, stop_token_ids, stop_sequences)
+        return Submission(request, self.program(params))
+
+    def add(self, submission: Submission, stream: bool = True) -> Group:
+        """The request joins its program's running batch at the next `step`. Its group's `events` receive
+        (0, new tokens) as iterations add them (when `stream`) and (0, GenerateResult) at its end; `error` is
+        set if its batch fails."""
+        return self.runtime.add(submission.program, [submission.request], 1, stream)
+
+    def step(self) -> bool:
+        """One step of every running batch (admission, one iteration, the poll); whether work remains."""
+        return self.runtime.step()
+
+    def abort(self, group: Group) -> None:
+        """The request leaves its batch at once; its slot is free for the next."""
+        self.runtime.abort(group)
 
     def generate_batch(self, prompts, max_new_tokens: int | list[int] = 64, temperature: float = 0.0,
                        top_k: int | None = None, top_p: float | None = None, seed: int | list[int] | None = None,

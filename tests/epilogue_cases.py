@@ -90,7 +90,7 @@ def make_case(seed: int, vocabs=(4, 9, 33, 100), max_width: int = 6) -> Case:
         q_idx, q_prob = truncated_probs(drafter.to(dtype), params)
         u = torch.rand(width, generator=gen, dtype=torch.float64)
         draft = sample_sparse(q_idx, q_prob, u)
-        q_idx, q_prob = q_idx.contiguous().clone(), q_prob.double().contiguous().clone()
+        q_idx, q_prob = q_idx.contiguous().clone(), q_prob.contiguous().clone()
         if rng.random() < 0.15:                                           # a zero in Q at a drafted token
             i = rng.randrange(width)
             q_prob[i][q_idx[i] == draft[i]] = 0.0
@@ -98,7 +98,7 @@ def make_case(seed: int, vocabs=(4, 9, 33, 100), max_width: int = 6) -> Case:
             draft[rng.randrange(width)] = rng.randrange(vocab)
     else:
         q_idx = torch.zeros(width, 1, dtype=torch.int64)
-        q_prob = torch.zeros(width, 1, dtype=torch.float64)
+        q_prob = torch.zeros(width, 1, dtype=dtype)
         draft = drafter.argmax(-1)
         if rng.random() < 0.5:
             draft = torch.randint(0, vocab, (width,), generator=gen)
@@ -131,7 +131,8 @@ def make_case(seed: int, vocabs=(4, 9, 33, 100), max_width: int = 6) -> Case:
         stop.append(int(draft[rng.randrange(width)]))
     max_new = rng.randint(1, 40)
     n_out = rng.choice([0, rng.randint(0, max_new - 1), max(0, max_new - rng.randint(1, 3))])
-    st = DecodeState.new(width, support, max_new, sorted(set(stop)), rng.getrandbits(63), "cpu")
+    st = DecodeState.new(width, support, max_new, sorted(set(stop)), rng.getrandbits(63), "cpu",
+                         q_dtype=torch.promote_types(dtype, torch.float32))
     st.draft.copy_(draft)
     st.draft_len.fill_(draft_len)
     st.q_idx.copy_(q_idx)
@@ -187,9 +188,9 @@ def emitted_counts(device, params: SamplingParams, trials: int = 12000, width: i
     q = densify(q_idx, q_prob, vocab)
     ep = NativeEpilogue(device, width, params)
     rows = ep.rows(target[None].to(device))
-    st = DecodeState.new(width, params.support(vocab), 10, [], 5, device)
+    st = DecodeState.new(width, params.support(vocab), 10, [], 5, device, q_dtype=q_prob.dtype)
     st.q_idx.copy_(q_idx)
-    st.q_prob.copy_(q_prob.double())
+    st.q_prob.copy_(q_prob)
     st.draft_len.fill_(width)
     drafts = torch.stack([torch.multinomial(q[i], trials, replacement=True, generator=gen) for i in range(width)], 1)
     drafts = drafts.to(device)

@@ -12,6 +12,8 @@
 4. Selection and errors: the default, the fallback when the module is missing, bad arguments.
 (The CUDA-graph loop's host logic is tested in tests/test_runtime.py; tests/test_gpu.py replays real graphs.)
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 from epilogue_cases import check_emitted_tokens_follow_p, differences, make_case
@@ -21,8 +23,11 @@ import packed_ss
 import packed_ss.decode.epilogue as epilogue_mod
 import packed_ss.decode.epilogue.native as native_mod
 from packed_ss.decode.acceptance import verify_greedy, verify_sampled
-from packed_ss.decode.epilogue import NativeEpilogue, native_available, native_module
+from packed_ss.decode.epilogue import NativeEpilogue, TorchEpilogue, native_available, native_module
 from packed_ss.decode.sampling import SamplingParams, densify, philox_uniform, truncated_probs
+from packed_ss.decode.schedules import SCHEDULES
+from packed_ss.decode.state import DecodeState
+from packed_ss.runtime import Request
 
 needs_native = pytest.mark.skipif(not native_available("cpu"),
                                    reason=epilogue_mod.native_unavailable_reason("cpu") or "")
@@ -175,7 +180,24 @@ def test_cuda_path_without_gpu_raises_a_clear_error():
     assert not native_available("cuda")
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         NativeEpilogue("cuda", 3, SamplingParams())
-    state = mod.State(*([0] * 17), 3, 1, 0, 1, 16)   # width, support, stops, batch, output length
+    state = mod.State(*([0] * 17), 3, 1, 0, 1, 16, 8)   # width, support, stops, batch, output length, Q bytes
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mod.step_cuda(state, 32, mod.PHASE_BOTH, mod.VERIFY_DRAFT, mod.RETAIN_NONE, False, False, 4, 10,
                       1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0)
+
+
+def test_stored_q_takes_the_probabilities_dtype():
+    """A float32 model's drafts keep their Q in float32 (exactly the probabilities they were drawn from, half
+    the bytes of float64); the native epilogue refuses a state whose Q dtype is not the rows'."""
+    model = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32,
+                            cfg=SimpleNamespace(mask_token_id=0, vocab_size=11))
+    params = SamplingParams(1.0)
+    sched = SCHEDULES["packed"](model, 3, params, TorchEpilogue("cpu", 3, params))
+    assert sched.new_state(Request([1, 2], 4, 0, [], [])).q_prob.dtype == torch.float32
+    if native_module() is None:
+        pytest.skip("the native epilogue is not built")
+    ep = NativeEpilogue("cpu", 3, params)
+    st = DecodeState.new(3, 11, 4, [], 0, "cpu", q_dtype=torch.float64)
+    rows = ep.rows(torch.randn(1, 8, 11))
+    with pytest.raises(ValueError, match="DecodeState.q_prob is torch.float64, the rows' probabilities torch.float32"):
+        ep.step(st, verify=rows[:4], propose=rows[4:], retain="a")

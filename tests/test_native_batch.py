@@ -58,10 +58,10 @@ def make_case(seed: int, batch: int):
     f = {}
     if greedy:
         f["q_idx"] = torch.zeros(batch, width, 1, dtype=torch.int64)
-        f["q_prob"] = torch.zeros(batch, width, 1, dtype=torch.float64)
+        f["q_prob"] = torch.zeros(batch, width, 1, dtype=dtype)
         f["draft"] = torch.randint(0, vocab, (batch, width), generator=gen)
     else:
-        q_idx, q_prob = _dist(gen, batch * width, vocab, k, torch.float64, sparse)
+        q_idx, q_prob = _dist(gen, batch * width, vocab, k, dtype, sparse)
         f["q_prob"] = q_prob.view(batch, width, k).contiguous()
         f["q_idx"] = (q_idx.view(batch, width, k).contiguous() if sparse
                       else torch.randint(0, vocab, (batch, width, k), generator=gen))   # not read when dense

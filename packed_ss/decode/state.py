@@ -99,10 +99,13 @@ class DecodeState(DeviceState):
     @classmethod
     def new(cls, width: int, support: int, max_new: int, stop_ids, seed: int, device,
             out_len: int | None = None, stop_slots: int | None = None, stop_sequences=(),
-            sequence_slots: tuple[int, int] | None = None, prompt_len: int = 0) -> "DecodeState":
+            sequence_slots: tuple[int, int] | None = None, prompt_len: int = 0,
+            q_dtype: torch.dtype = torch.float64) -> "DecodeState":
         """A fresh state for one request (a batch of one). `out_len`, `stop_slots` and `sequence_slots`
         (count, length) fix the output buffer length and the stop tables' shapes (padded with -1), so that
-        states of different requests share shapes and stack into a batch (`DeviceState.cat`)."""
+        states of different requests share shapes and stack into a batch (`DeviceState.cat`). `q_dtype`: the
+        stored Q's, that of the probabilities the drafts are drawn from (float32 for a float32 or bfloat16
+        model: stored exactly, in half the memory of float64)."""
         def scalar(v, dtype=torch.int64):
             return torch.tensor([v], dtype=dtype, device=device)
 
@@ -123,7 +126,7 @@ class DecodeState(DeviceState):
             cache_len=scalar(0), last=scalar(0),
             draft=torch.zeros(1, width, dtype=torch.int64, device=device), draft_len=scalar(0),
             q_idx=torch.zeros(1, width, support, dtype=torch.int64, device=device),
-            q_prob=torch.zeros(1, width, support, dtype=torch.float64, device=device),
+            q_prob=torch.zeros(1, width, support, dtype=q_dtype, device=device),
             out=torch.zeros(1, out_len, dtype=torch.int64, device=device),
             n_out=scalar(0), done=scalar(False, torch.bool), seed=scalar(seed), offset=scalar(0),
             stop_ids=row(torch.tensor(stop, dtype=torch.int64, device=device)),
@@ -132,6 +135,12 @@ class DecodeState(DeviceState):
             prompt_len=scalar(prompt_len),
         )
 
+
+
+def q_dtype(model) -> torch.dtype:
+    """The dtype of the probabilities `sampling.truncated_probs` gives for a model's logits, which its stored Q
+    keeps: float32, or float64 for a float64 model."""
+    return torch.promote_types(model.dtype, torch.float32)
 
 
 def emit(st: DecodeState, emitted: torch.Tensor, n_accept: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from ..model.dual_mode import DualModeModel, KVCache
 from .batch import CACHE_QUANTUM, Batch, Clock, Shape, padded
 from .program import ModelInput, Step
 from .request import GenerateResult, Request
-from .scheduler import MAX_SLOTS, Scheduler
+from .scheduler import MAX_SLOTS, Group, Scheduler
 from .staging import staged
 
 MODES = ("eager", "compile", "graph")
@@ -230,6 +230,29 @@ class Runtime:
         if id(program) not in self._schedulers:
             self._schedulers[id(program)] = (program, Scheduler(self, program))   # holding it keeps its id
         return self._schedulers[id(program)][1]
+
+    def add(self, program, requests: list[Request], slots: int = 1, stream: bool = True) -> Group:
+        """`requests` join the program's scheduler; a caller that drives the loop itself (`step`; a server's
+        decode thread) reads the group's events."""
+        with self._lock:
+            return self.scheduler(program).add(requests, slots, stream)
+
+    def step(self) -> bool:
+        """One step of every scheduler with work, under the lock; whether any has work left. A step that fails
+        ends its scheduler's requests with the error (their groups' `error`) and the others go on."""
+        with self._lock:
+            for _, scheduler in list(self._schedulers.values()):
+                if not scheduler.idle:
+                    self._last = scheduler
+                    try:
+                        scheduler.step()
+                    except Exception:   # noqa: BLE001 -- recorded on the groups by Scheduler._fail
+                        pass
+            return any(not scheduler.idle for _, scheduler in self._schedulers.values())
+
+    def abort(self, group: Group) -> None:
+        with self._lock:
+            group.scheduler.abort(group)
 
     def decode(self, program, requests: list[Request], slots: int = 1, stream: bool = False,
                on_finish: Callable[[int, GenerateResult], None] | None = None) -> Iterator[tuple[int, list[int]]]:

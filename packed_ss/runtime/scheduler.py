@@ -47,6 +47,7 @@ class Group:
         self.running = self.finished = 0
         self.aborted = False
         self.error: BaseException | None = None
+        self.scheduler: "Scheduler | None" = None    # the scheduler it joined
 
     @property
     def done(self) -> bool:
@@ -106,6 +107,7 @@ class Scheduler:
                 raise ValueError(f"request {i}: its K/V cache ({capacity} positions, {runtime.slot_bytes(capacity)} "
                                  f"bytes) exceeds kv_cache_bytes {runtime.kv_cache_bytes}")
         group = Group(requests, limit, stream)
+        group.scheduler = self
         self.waiting.extend((group, i) for i in range(len(requests)))
         return group
 

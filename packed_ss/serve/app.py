@@ -36,7 +36,7 @@ def chat_renderer(model_dir: Path | None):
 def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, api_key: str | None = None,
              max_batch: int = 64, max_waiting: int = 256) -> FastAPI:
     metrics = Metrics(engine.width)
-    worker = DecodeWorker(metrics, max_batch, max_waiting)
+    worker = DecodeWorker(engine, metrics, max_batch, max_waiting)
     render_chat = chat_renderer(model_dir)
     eos = set(engine.model.cfg.eos_token_ids)
     decode = lambda ids: tokenizer.decode(ids)                                        # noqa: E731
@@ -76,13 +76,13 @@ def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, 
             return error(APIError(400, "the request body is not valid JSON"))
         try:
             job = parse(body, chat, encode, render_chat, {model_name})
-            stream = engine.stream(job.prompt_ids, max_new_tokens=job.max_tokens, **job.sampling)
+            submission = engine.request(job.prompt_ids, max_new_tokens=job.max_tokens, **job.sampling)
         except APIError as err:
             return error(err)
         except ValueError as err:
             return error(from_engine(err, chat))
         try:
-            pending = worker.submit(stream, len(job.prompt_ids))
+            pending = worker.submit(submission, len(job.prompt_ids))
         except QueueFull as err:
             return error(APIError(429, str(err), kind="rate_limit_error"))
         reply = Reply(job, chat, model_name, decode, eos)

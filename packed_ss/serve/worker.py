@@ -1,12 +1,11 @@
-"""The server's one decode loop: a thread that drives every HTTP request's stream on one Engine.
+"""The server's one decode loop: a thread that runs every HTTP request on one Engine.
 
-A handler makes the request's `engine.stream(...)` generator (arguments checked there, on the event loop,
-before anything runs) and `submit`s it. The thread starts up to `max_batch` of them (the rest wait, at most
-`max_waiting`: beyond that `submit` refuses) and takes tokens from each in turn: all of them are requests of
-the engine's one scheduler per sampling setting, so they decode in one running batch, each exactly as alone
-(runtime/scheduler.py), and a request joins the batch at the next iteration. Tokens go to the handler's
-asyncio queue through its event loop, so the loop never blocks on decoding; a cancelled request (a client
-gone, a stop string reached) has its generator closed, which aborts it and frees its slot.
+A handler checks its request (`engine.request(...)`, on the event loop, before anything runs) and `submit`s
+it. The thread adds up to `max_batch` of them to the engine (the rest wait, at most `max_waiting`: beyond
+that `submit` refuses); requests added together join the running batch at the same step, so they prefill in
+one call, and every step is one iteration of the whole batch (`engine.step()`), after which each request's
+new tokens go to its handler's asyncio queue through its event loop: the loop never blocks on decoding. A
+cancelled request (a client gone, a stop string reached) is aborted and its slot freed.
 """
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..runtime import GenerateResult
 from .metrics import Metrics
 
 
@@ -25,12 +25,14 @@ class QueueFull(Exception):
 
 @dataclass
 class Pending:
-    """A submitted request: its generator, the handler's loop and queue, and whether it was cancelled. The
-    queue receives ("tokens", list), then ("done", GenerateResult), ("error", exception) or ("aborted", None)."""
-    stream: object
+    """A submitted request: its submission, the handler's loop and queue, its group in the engine once added,
+    and whether it was cancelled. The queue receives ("tokens", list), then ("done", GenerateResult),
+    ("error", exception) or ("aborted", None)."""
+    submission: object
     prompt_tokens: int
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    group: object = None
     cancelled: bool = False
 
     def send(self, kind: str, value) -> None:
@@ -38,12 +40,12 @@ class Pending:
 
 
 class DecodeWorker:
-    def __init__(self, metrics: Metrics, max_batch: int, max_waiting: int):
-        self.metrics, self.max_batch, self.max_waiting = metrics, max_batch, max_waiting
+    def __init__(self, engine, metrics: Metrics, max_batch: int, max_waiting: int):
+        self.engine, self.metrics, self.max_batch, self.max_waiting = engine, metrics, max_batch, max_waiting
         self.waiting: list[Pending] = []
         self.active: list[Pending] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._queued = 0                 # submitted, not yet started (the bound of max_waiting)
+        self._queued = 0                 # submitted, not yet added (the bound of max_waiting)
         self._count_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="packed-ss decode", daemon=True)
         self._stopping = False
@@ -57,12 +59,12 @@ class DecodeWorker:
         self._thread.join(timeout=30)
 
     # -- the handlers' side (event loop thread) -------------------------------------------------------------
-    def submit(self, stream, prompt_tokens: int) -> Pending:
+    def submit(self, submission, prompt_tokens: int) -> Pending:
         with self._count_lock:
             if self._queued >= self.max_waiting + max(0, self.max_batch - len(self.active)):
                 raise QueueFull(f"{self._queued} requests are waiting (--max-waiting {self.max_waiting})")
             self._queued += 1
-        pending = Pending(stream, prompt_tokens, asyncio.get_running_loop())
+        pending = Pending(submission, prompt_tokens, asyncio.get_running_loop())
         self._inbox.put(pending)
         return pending
 
@@ -80,11 +82,16 @@ class DecodeWorker:
         while not self._stopping:
             self._take(block=not self.active and not self.waiting)
             while self.waiting and len(self.active) < self.max_batch:
-                self.active.append(self.waiting.pop(0))
-                with self._count_lock:
-                    self._queued -= 1
+                self._add(self.waiting.pop(0))
+            for pending in [p for p in self.active if p.cancelled]:
+                self.engine.abort(pending.group)
+                self._end(pending, "aborted", None, request_aborted=1)
+            if self.active:
+                began = time.perf_counter()
+                self.engine.step()
+                self.metrics.add(decode_busy_seconds=time.perf_counter() - began)
             for pending in list(self.active):
-                self._advance(pending)
+                self._deliver(pending)
 
     def _take(self, block: bool) -> None:
         try:
@@ -101,26 +108,33 @@ class DecodeWorker:
                 self._queued -= 1
             pending.send("aborted", None)
 
-    def _advance(self, pending: Pending) -> None:
-        """The request's next tokens (running the batch's steps it needs), or its end."""
-        if pending.cancelled:
-            pending.stream.close()        # aborts the request: its slot is free at the next step
-            self.active.remove(pending)
-            self.metrics.add(request_aborted=1)
-            pending.send("aborted", None)
-            return
-        began = time.perf_counter()
+    def _add(self, pending: Pending) -> None:
+        with self._count_lock:
+            self._queued -= 1
         try:
-            tokens = next(pending.stream)
-        except StopIteration as end:
-            self.active.remove(pending)
-            self.metrics.finished(pending.prompt_tokens, end.value)
-            pending.send("done", end.value)
-        except Exception as err:          # this request's (its batch's) failure; the loop serves on
-            self.active.remove(pending)
+            pending.group = self.engine.add(pending.submission)
+        except ValueError as err:         # e.g. a K/V budget it cannot fit
             self.metrics.add(request_failure=1)
             pending.send("error", err)
-        else:
-            pending.send("tokens", tokens)
-        finally:
-            self.metrics.add(decode_busy_seconds=time.perf_counter() - began)
+            return
+        self.active.append(pending)
+
+    def _deliver(self, pending: Pending) -> None:
+        """The request's new tokens since the last step, and its end."""
+        group = pending.group
+        if group.error is not None:
+            self._end(pending, "error", group.error, request_failure=1)
+            return
+        while group.events:
+            _, event = group.events.popleft()
+            if isinstance(event, GenerateResult):
+                self.metrics.finished(pending.prompt_tokens, event)
+                self._end(pending, "done", event)
+                return
+            pending.send("tokens", event)
+
+    def _end(self, pending: Pending, kind: str, value, **counts) -> None:
+        self.active.remove(pending)
+        if counts:
+            self.metrics.add(**counts)
+        pending.send(kind, value)

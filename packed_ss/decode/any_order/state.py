@@ -72,7 +72,7 @@ class AnyOrderState(DeviceState):
     @classmethod
     def new(cls, width: int, support: int, prompt_len: int, max_new: int, seed: int,
             stops: list[tuple[int, ...]], device, out_len: int | None = None,
-            stop_shape: tuple[int, int] | None = None) -> AnyOrderState:
+            stop_shape: tuple[int, int] | None = None, q_dtype: torch.dtype = torch.float64) -> AnyOrderState:
         """A fresh state, a batch of one (the steps see its `request()`). `out_len` and `stop_shape` (rows,
         length) fix the buffer shapes so that states of different requests share them; the trace has one row
         per possible iteration (each resolves at least one position)."""
@@ -92,7 +92,7 @@ class AnyOrderState(DeviceState):
             acc_pos=full((out_len,), -1), n_acc=scalar(0), n_cached=scalar(0),
             draft_pos=full((width,), -1), draft_tok=full((width,), -1),
             draft_score=full((width,), math.nan, torch.float64),
-            q_idx=full((width, support), 0), q_prob=full((width, support), 0.0, torch.float64),
+            q_idx=full((width, support), 0), q_prob=full((width, support), 0.0, q_dtype),
             rank_pos=full((width,), -1), seed=scalar(seed), offset=scalar(0),
             stops=torch.tensor(table, dtype=torch.int64, device=device).view(n_stop, stop_len),
             done=scalar(False, torch.bool), hold=scalar(False, torch.bool),

@@ -153,8 +153,11 @@ class NativeEpilogue(Epilogue):
                 raise ValueError(f"DecodeState.{name} is on {value.device}, the epilogue on {self.device}")
             if not value.is_contiguous():
                 raise ValueError(f"DecodeState.{name} must be contiguous")
-            want = torch.bool if name == "done" else (torch.float64 if name == "q_prob" else torch.int64)
-            if value.dtype != want:
+            want = torch.bool if name == "done" else torch.int64
+            if name == "q_prob":
+                if value.dtype not in (torch.float32, torch.float64):
+                    raise ValueError(f"DecodeState.q_prob must be float32 or float64, got {value.dtype}")
+            elif value.dtype != want:
                 raise ValueError(f"DecodeState.{name} must be {want}, got {value.dtype}")
             dims = {"draft": 2, "q_idx": 3, "q_prob": 3, "out": 2, "stop_ids": 2, "stop_seqs": 3}.get(name, 1)
             if value.dim() != dims or value.shape[0] != batch:
@@ -166,7 +169,7 @@ class NativeEpilogue(Epilogue):
         handle = self.mod.State(*(t[n].data_ptr() for n in (
             "cache_len", "last", "draft", "draft_len", "q_idx", "q_prob", "out", "n_out", "done", "seed", "offset",
             "stop_ids", "max_new", "nfe", "n_verify", "n_accepted", "n_bonus")),
-            w, st.q_idx.shape[2], st.stop_ids.shape[1], batch, st.out.shape[1])
+            w, st.q_idx.shape[2], st.stop_ids.shape[1], batch, st.out.shape[1], st.q_prob.element_size())
         if len(self._bound) >= self._BOUND_MAX:
             self._bound.pop(next(iter(self._bound)))   # the oldest
         self._bound[id(st)] = (st, handle)
@@ -232,6 +235,9 @@ class NativeEpilogue(Epilogue):
         bits = 64 if prob is not None and prob.dtype == torch.float64 else 32
         if v is not None and z is not None and v.prob is not None and v.prob.dtype != z.prob.dtype:
             raise ValueError("verifier and proposal probabilities must share a dtype")
+        if prob is not None and st.q_prob.dtype != prob.dtype:
+            raise ValueError(f"DecodeState.q_prob is {st.q_prob.dtype}, the rows' probabilities {prob.dtype}: the "
+                             "stored Q must be in the probabilities' dtype")
         vocab = (v.vocab if v is not None else 0) or (z.vocab if z is not None else 0) or self.vocab
         scratch = None
         if not greedy and kind == self.mod.VERIFY_DRAFT and v is not None:

@@ -37,7 +37,7 @@ def epilogue_step(cache_len: torch.Tensor, last: torch.Tensor, draft: torch.Tens
     state = (cache_len, last, draft, draft_len, q_idx, q_prob, out, n_out, done, seed, offset, stop_ids, max_new,
              nfe, n_verify, n_accepted, n_bonus)
     handle = mod.State(*(t.data_ptr() for t in state), draft.shape[1], q_idx.shape[2], stop_ids.shape[1],
-                       done.shape[0], out.shape[1])
+                       done.shape[0], out.shape[1], q_prob.element_size())
     bits, phase, kind, retain, sampled, dense, block, vocab, v_k, v_stride, z_k, z_stride, n_z = config
     if res.is_cuda:
         step, stream = mod.step_cuda, torch.cuda.current_stream(res.device).cuda_stream

@@ -8,7 +8,7 @@ from ...runtime import ModelInput, Request, Step
 from ...runtime.staging import staged
 from ..epilogue import Epilogue
 from ..sampling import SamplingParams
-from ..state import DecodeState
+from ..state import DecodeState, q_dtype
 
 
 def layout(device, n_anchor: int, scratch_seg=(), scratch_see=()) -> Layout:
@@ -61,7 +61,7 @@ class Schedule:
         support = 1 if self.params.greedy else self.params.support(self.model.cfg.vocab_size)
         return DecodeState.new(self.width, support, request.max_new_tokens, stop_ids, request.seed,
                                device or self.device, out_len, stop_slots, sequences, sequence_slots,
-                               len(request.prompt))
+                               len(request.prompt), q_dtype(self.model))
 
     # -- the first call: prompt (causal, cached) plus W+1 masks (paper E.2) ---------------------------
     def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:

@@ -9,7 +9,7 @@ from ....runtime import ModelInput, Request, Step
 from ....runtime.staging import staged
 from ...epilogue import Epilogue
 from ...sampling import SamplingParams, philox_uniform, sample_sparse, truncated_probs
-from ...state import DecodeState
+from ...state import DecodeState, q_dtype
 from ..rules import commit, drafts, hold_if_crowded, pending, plan, record, window_size
 from ..state import AnyOrderState
 
@@ -52,7 +52,7 @@ class AnyOrderSchedule:
         self.device, self.mask_id = model.device, model.cfg.mask_token_id
         # the epilogue verifies a DecodeState: this one holds D_{t-1} in rank order, its Q and the RNG key
         support = 1 if params.greedy else params.support(model.cfg.vocab_size)
-        self.ranked = DecodeState.new(width, support, 1, [], 0, self.device)
+        self.ranked = DecodeState.new(width, support, 1, [], 0, self.device, q_dtype=q_dtype(model))
         self.block = width + 1   # an iteration resolves positions of a window that starts at n_out
         self.ranks = torch.arange(width, device=self.device)
         self.steps: list[Step] = [one_request(step) for step in self.build()]
@@ -71,7 +71,8 @@ class AnyOrderSchedule:
         stops = [(t,) for t in request.stop_ids] + [tuple(s) for s in request.stop_sequences]
         n_seq, seq_len = sequence_slots or (0, 1)
         return AnyOrderState.new(self.width, support, len(request.prompt), request.max_new_tokens, request.seed,
-                                 stops, device or self.device, out_len, ((stop_slots or 0) + n_seq, seq_len))
+                                 stops, device or self.device, out_len, ((stop_slots or 0) + n_seq, seq_len),
+                                 q_dtype(self.model))
 
     def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:
         """The prompt as causal anchors at positions 0..n0-1 (one counted call), then the first window. One

@@ -267,7 +267,8 @@ class Engine:
         return self.runtime.step()
 
     def abort(self, group: Group) -> None:
-        """The request leaves its batch at once; its slot is free for the next."""
+        """The request leaves its batch at once; its slot is free for the next. If it was running, its result so
+        far (output and counts) is in `group.results[0]`."""
         self.runtime.abort(group)
 
     def generate_batch(self, prompts, max_new_tokens: int | list[int] = 64, temperature: float = 0.0,

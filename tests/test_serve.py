@@ -105,6 +105,8 @@ def test_stop_string_ends_the_text_before_it(served):
     assert stop and stop in want
     whole = client(server).completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=60, temperature=0, stop=stop)
     assert whole.choices[0].text == want[:want.index(stop)] and whole.choices[0].finish_reason == "stop"
+    figures = whole.model_extra["packed_ss"]        # the engine's counts at the abort
+    assert figures["model_calls"] > 0 and figures["tokens_per_call"] > 1 and figures["mean_acceptance_length"] > 1
     streamed = client(server).completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=60, temperature=0,
                                                  stop=[stop, "@@never@@"], stream=True)
     assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text

@@ -251,8 +251,9 @@ class Runtime:
             return any(not scheduler.idle for _, scheduler in self._schedulers.values())
 
     def abort(self, group: Group) -> None:
+        """The group's requests leave their batch; a running one's result so far is kept in `group.results`."""
         with self._lock:
-            group.scheduler.abort(group)
+            group.scheduler.abort(group, results=True)
 
     def decode(self, program, requests: list[Request], slots: int = 1, stream: bool = False,
                on_finish: Callable[[int, GenerateResult], None] | None = None) -> Iterator[tuple[int, list[int]]]:

@@ -111,15 +111,18 @@ class Scheduler:
         self.waiting.extend((group, i) for i in range(len(requests)))
         return group
 
-    def abort(self, group: Group) -> None:
+    def abort(self, group: Group, results: bool = False) -> None:
         """The group's requests leave: the waiting ones at once, the running ones' slots freed now (their rows
-        are marked done, so iterations change nothing there)."""
+        are marked done, so iterations change nothing there). `results`: a running request's GenerateResult so
+        far (its output and counts, one read) goes to the group's results first."""
         group.aborted = True
         self.waiting = deque(w for w in self.waiting if w[0] is not group)
         self.prefilling = {b: p for b, p in self.prefilling.items() if p.group is not group}
         with torch.inference_mode():
             for slot, r in enumerate(self.running):
                 if r is not None and r.group is group:
+                    if results:
+                        group.results[r.index] = self._finish(slot, r)
                     self.batch.state.done[slot].fill_(True)
                     self.running[slot] = None
             self._end_if_idle()

@@ -122,12 +122,12 @@ class Reply:
                 "total_tokens": len(self.job.prompt_ids) + n}
 
     def _figures(self, result) -> dict:
-        """The request's speculative figures (model calls and acceptance are the engine's, so they are known
-        for a request the engine finished, not for one a stop string ended)."""
+        """The request's speculative figures: the engine's counts at its end (for a request a stop string
+        ended, at its abort: they may include an iteration past the stop string)."""
         figures = {"token_ids": list(self.tokens), "model_calls": None, "tokens_per_call": None,
                    "mean_acceptance_length": None}
         if result is not None:
-            figures.update(model_calls=result.nfe, tokens_per_call=result.tokens_per_nfe,
+            figures.update(model_calls=result.nfe, tokens_per_call=len(result.tokens) / result.nfe,
                            mean_acceptance_length=1 + result.mean_accepted if result.n_verify else None)
         return figures
 
@@ -143,24 +143,34 @@ class Reply:
         return f"data: {json.dumps(body)}\n\n"
 
     async def _run(self, pending, worker):
-        """(new text, final result or None, ended) as the worker delivers; cancels the request when a stop
-        string ends the text or the consumer goes away before its end."""
+        """(new text, final result or None, ended) as the worker delivers. A stop string ends the text: the
+        request is aborted and its counts so far are the result. A consumer gone before the end cancels it."""
         ended = False
         try:
             while not ended:
                 kind, value = await pending.events.get()
-                ended = kind != "tokens"
                 if kind == "tokens":
                     self.tokens += value
                     new = self.text.add(value)
-                    ended = self.text.stopped
-                    yield new, None, ended
+                    if self.text.stopped:
+                        worker.cancel(pending)
+                        kind, value = await pending.events.get()
+                        while kind == "tokens":             # delivered before the abort: past the stop string
+                            kind, value = await pending.events.get()
+                        ended = True
+                        yield new, value if kind in ("aborted", "done") else None, True
+                    else:
+                        yield new, None, False
                 elif kind == "done":
+                    ended = True
                     yield self.text.finish(), value, True
                 elif kind == "error":
+                    ended = True
                     raise value
+                else:
+                    ended = True
         finally:
-            if not ended or self.text.stopped:
+            if not ended:
                 worker.cancel(pending)
 
     async def events(self, pending, worker):

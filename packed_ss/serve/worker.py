@@ -27,7 +27,7 @@ class QueueFull(Exception):
 class Pending:
     """A submitted request: its submission, the handler's loop and queue, its group in the engine once added,
     and whether it was cancelled. The queue receives ("tokens", list), then ("done", GenerateResult),
-    ("error", exception) or ("aborted", None)."""
+    ("error", exception) or ("aborted", its GenerateResult so far, or None if it had not started)."""
     submission: object
     prompt_tokens: int
     loop: asyncio.AbstractEventLoop
@@ -85,7 +85,7 @@ class DecodeWorker:
                 self._add(self.waiting.pop(0))
             for pending in [p for p in self.active if p.cancelled]:
                 self.engine.abort(pending.group)
-                self._end(pending, "aborted", None, request_aborted=1)
+                self._end(pending, "aborted", pending.group.results[0], request_aborted=1)
             if self.active:
                 began = time.perf_counter()
                 self.engine.step()

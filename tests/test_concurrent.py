@@ -231,3 +231,31 @@ def test_a_request_too_long_for_the_cache_joins_a_longer_one(model, batch_sizes)
         for i, s in enumerate(streams):
             got[i] += next(s, [])
     assert got == want and max(batch_sizes) == 2
+
+
+def test_request_level_interface(model):
+    """Engine.request / add / step / abort, the loop a server's decode thread runs: requests added together
+    decode in one batch, each equal to generate alone; an aborted one leaves with its result so far, and the
+    other is unaffected."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    reqs = [dict(prompt_ids=PROMPTS[i], max_new_tokens=30, eos_token_id=[], temperature=1.0, seed=i) for i in range(3)]
+    want = [engine.generate(**r) for r in reqs]
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+        engine.request(PROMPTS[0], max_new_tokens=0)
+    groups = [engine.add(engine.request(**r)) for r in reqs]
+    streamed = [[] for _ in groups]
+    for step in range(200):
+        if step == 3:
+            engine.abort(groups[2])
+        busy = engine.step()
+        for got, group in zip(streamed, groups):
+            while group.events:
+                _, event = group.events.popleft()
+                if isinstance(event, list):
+                    got += event
+        if not busy:
+            break
+    assert [g.results[0].tokens for g in groups[:2]] == [w.tokens for w in want[:2]] == streamed[:2]
+    partial = groups[2].results[0]
+    assert groups[2].aborted and 0 < len(partial.tokens) < 30 and partial.tokens == want[2].tokens[:len(partial.tokens)]
+    assert partial.nfe > 1 and not engine.step()

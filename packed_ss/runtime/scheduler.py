@@ -213,27 +213,29 @@ class Scheduler:
                               n_bonus, **extras)
 
     # -- slots -------------------------------------------------------------------------------------------
-    def _admissible(self) -> list[tuple[Group, int]]:
+    def _admissible(self) -> tuple[list[tuple[Group, int]], Request | None]:
         """The waiting requests that may start now, in order: every group within its limit, and none after one
-        the batch does not fit (it waits until the batch has drained, then a batch is made to fit it)."""
+        the batch does not fit (it waits until the batch has drained, then a batch is made to fit it); and that
+        request, if one blocks the queue."""
         taken, admissible = {}, []
         for group, i in self.waiting:
             if group.running + taken.get(group, 0) >= group.limit:
                 continue
             if self.batch is not None and not self.batch.fits(group.requests[i]):
-                break
+                return admissible, group.requests[i]
             taken[group] = taken.get(group, 0) + 1
             admissible.append((group, i))
-        return admissible
+        return admissible, None
 
     def _free(self) -> list[int]:
         return [b for b, r in enumerate(self.running) if r is None and b not in self.prefilling]
 
     def _admit(self) -> None:
         most = getattr(self.program, "max_batch", None) or MAX_SLOTS
-        admissible = self._admissible()
+        admissible, blocked = self._admissible()
         if self.batch is not None:
-            self._lengthen()
+            if blocked is not None and self._lengthen(blocked):
+                admissible, _ = self._admissible()
             most = min(most, self.runtime.max_slots(self.batch.cache.capacity))
             if self.batch.slots >= most:                          # it cannot grow: the free slots only
                 admissible = admissible[:len(self._free())]
@@ -313,22 +315,15 @@ class Scheduler:
         taken = sum(r is not None for r in self.running) + len(self.prefilling)
         self._regrow(min(max(2 * self.batch.slots, taken + more), most))
 
-    def _lengthen(self) -> None:
-        """When the next request to admit needs a longer cache than the batch has (its other shapes fit), the
-        batch moves to a cache that long, if the K/V budget holds its slots at that length; otherwise the
-        request waits for the batch to drain (_admissible)."""
-        taken = {}
-        for group, i in self.waiting:
-            if group.running + taken.get(group, 0) >= group.limit:
-                continue
-            request = group.requests[i]
-            if self.batch.fits(request):
-                taken[group] = taken.get(group, 0) + 1
-                continue
-            capacity = self.runtime.capacity(self.program, [request])
-            if self.batch.shape.fits(request) and self.runtime.max_slots(capacity) >= self.batch.slots:
-                self._regrow(self.batch.slots, capacity)
-            return
+    def _lengthen(self, request: Request) -> bool:
+        """A request that blocks the queue because it needs a longer cache than the batch has (its other shapes
+        fit): the batch moves to a cache that long, if the K/V budget holds its slots at that length (True);
+        otherwise the request waits for the batch to drain."""
+        capacity = self.runtime.capacity(self.program, [request])
+        if not (self.batch.shape.fits(request) and self.runtime.max_slots(capacity) >= self.batch.slots):
+            return False
+        self._regrow(self.batch.slots, capacity)
+        return True
 
     def _regrow(self, slots: int, capacity: int | None = None) -> None:
         """The running (and prefilling) requests move to a batch of `slots` slots and at least `capacity` cache

@@ -16,6 +16,11 @@ def width(text: str) -> int | str:
     return value
 
 
+def bench_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser, its module docstring as the description."""
+    return argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_shared_args(p: argparse.ArgumentParser, full: dict, quick: dict, outputs: str, model: str) -> None:
     p.add_argument("--out", type=Path, required=True, help=f"output directory ({outputs})")
     p.add_argument("--model", default=None, help=model)

@@ -11,7 +11,6 @@ intervals over the prompts (stats.py). Writes DIR/samplers.json (every response)
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -25,7 +24,7 @@ from ...model.loading import default_model_path, load_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
-from .options import add_shared_args, apply_preset, width
+from .options import add_shared_args, apply_preset, bench_parser, width
 from .stats import bootstrap_counts, paired, per_prompt
 
 SAMPLERS = ("rejection", "gumbel")
@@ -99,8 +98,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m packed_ss bench-samplers", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = bench_parser("python -m packed_ss bench-samplers", __doc__)
     add_shared_args(p, FULL, QUICK, "samplers.json, samplers.md", "model directory (default: the shipped model)")
     p.add_argument("--widths", type=width, nargs="+", default=None, help=f"default {FULL['widths']}")
     p.add_argument("--samples", type=int, default=None, help=f"seeds per prompt (default {FULL['samples']})")

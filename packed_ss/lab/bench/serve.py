@@ -14,7 +14,6 @@ of the two medians. Writes DIR/serve.json and DIR/serve.md.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing
@@ -31,7 +30,7 @@ from ...engine import Engine
 from ...model.loading import default_model_path, load_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import humaneval_prompts
-from .options import add_shared_args, apply_preset
+from .options import add_shared_args, apply_preset, bench_parser
 
 FULL = dict(limit=16, max_new_tokens=64, concurrency=[1, 4, 16], rounds=3)
 QUICK = dict(limit=4, max_new_tokens=24, concurrency=[1, 4], rounds=1)
@@ -118,8 +117,7 @@ def percentiles(values: list[float]) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m packed_ss bench-serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = bench_parser("python -m packed_ss bench-serve", __doc__)
     add_shared_args(p, FULL, QUICK, "serve.json, serve.md", "model directory (default: the shipped model)")
     p.add_argument("--concurrency", type=int, nargs="+", default=None, help=f"default {FULL['concurrency']}")
     p.add_argument("--rounds", type=int, default=None, help=f"alternating rounds (default {FULL['rounds']})")

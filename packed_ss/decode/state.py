@@ -72,7 +72,8 @@ class DecodeState(DeviceState):
     was drawn from (unused under greedy decoding). `stop_ids` [S] are one-token stops (padded with -1, which
     no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
     on the left with -1 (matches anything). `n_bonus` counts the verifications that accepted a whole
-    non-empty draft and appended the bonus token drawn after it. `prompt_len`: the prompt's length (positions
+    non-empty draft and appended the bonus token drawn after it, `accepted_at[k]` the verifications that accepted
+draft token k (runtime/program.py: Step.fold). `prompt_len`: the prompt's length (positions
     prompt_len + j hold output token j). The host reads nothing of it but the
     runtime's poll.
     """
@@ -94,6 +95,7 @@ class DecodeState(DeviceState):
     n_verify: torch.Tensor
     n_accepted: torch.Tensor
     n_bonus: torch.Tensor
+    accepted_at: torch.Tensor
     prompt_len: torch.Tensor
 
     @classmethod
@@ -132,7 +134,7 @@ class DecodeState(DeviceState):
             stop_ids=row(torch.tensor(stop, dtype=torch.int64, device=device)),
             stop_seqs=torch.tensor(seqs, dtype=torch.int64, device=device).view(1, n_seq, seq_len),
             max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0),
-            prompt_len=scalar(prompt_len),
+            accepted_at=torch.zeros(1, width, dtype=torch.int64, device=device), prompt_len=scalar(prompt_len),
         )
 
 

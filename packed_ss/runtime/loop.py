@@ -98,7 +98,7 @@ class Runtime:
         logits = self.forward(inp, cache)
         if clock is not None:
             clock.model_s += time.perf_counter() - t0
-        step.update(st, logits)
+        step.fold(st, logits)
 
     def prefix(self, tokens: list[int], start: int, cache: KVCache, clock: Clock) -> None:
         """A chunk of a long prompt into one request's cache (`cache`: its row, a batch of one) at positions

@@ -8,7 +8,7 @@ may write past the output, and optionally `entry`, the step a request's first it
 host polls after the last step of every iteration. Its state is a dataclass of device tensors, each with a
 leading batch dimension (a row per request: `new_state` makes a batch of one, `DeviceState.cat` stacks them),
 with at least `done`, `n_out`, `out` (out[b, :n_out[b]] is final output), `nfe`, `n_verify`, `n_accepted`,
-`n_bonus`, and may have `hold` (set by a step when the host must run `program.resume` before the next iteration). Steps are
+`n_bonus`, `accepted_at` [B, W] (verifications that accepted draft position k, kept by `Step.fold`), and may have `hold` (set by a step when the host must run `program.resume` before the next iteration). Steps are
 fixed-shape, read nothing on the host, and change nothing once the state is done (or held).
 """
 from __future__ import annotations
@@ -34,6 +34,15 @@ class Step:
     """One model call: how to build its input from the state, and how to fold its logits back in."""
     inputs: Callable[[Any], ModelInput]
     update: Callable[[Any, torch.Tensor], None]
+
+    def fold(self, st, logits: torch.Tensor) -> None:
+        """`update`, then the acceptance per draft position of the verification it made, if any (a step
+        verifies at most once per request): every epilogue counts the accepted draft tokens, and this turns
+        the step's increment into `accepted_at` (vLLM's accepted tokens per position)."""
+        before = st.n_accepted.clone()
+        self.update(st, logits)
+        positions = torch.arange(st.accepted_at.shape[1], device=before.device)
+        st.accepted_at.add_(positions < (st.n_accepted - before)[:, None])
 
 
 def call_layouts(program) -> list[Layout]:

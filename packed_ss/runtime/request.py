@@ -22,6 +22,7 @@ class GenerateResult:
     n_verify: int = 0     # verification calls (speculative schedules)
     n_accepted: int = 0   # draft tokens accepted over all verifications
     n_bonus: int = 0      # verifications that accepted their whole (non-empty) draft and emitted the bonus token
+    accepted_at: list[int] | None = None   # per draft position k: verifications that accepted draft token k
     iterations: list | None = None   # any-order models: per iteration order, A_t, rows (any_order.Iteration)
 
     @property

@@ -202,15 +202,17 @@ class Scheduler:
     def _finish(self, slot: int, r: Running) -> GenerateResult:
         """A finished request's counts and output, read in one fetch (plus the program's extras)."""
         st, poll = self.batch.state.slot(slot), self.batch.poll
-        counts = torch.cat([st.nfe, st.n_verify, st.n_accepted, st.n_bonus, st.n_out])
+        counts = torch.cat([st.nfe, st.n_verify, st.n_accepted, st.n_bonus, st.n_out, st.accepted_at[0]])
         output = st.out[0, : r.request.max_new_tokens]   # the batch's buffers fit its longest request
-        nfe, n_verify, n_accepted, n_bonus, n_out, *output = poll.fetch(torch.cat([counts, output]))
+        nfe, n_verify, n_accepted, n_bonus, n_out, *rest = poll.fetch(torch.cat([counts, output]))
+        width = st.accepted_at.shape[1]
+        accepted_at, output = rest[:width], rest[width:]
         extras = self.program.finish(st, poll.fetch) if hasattr(self.program, "finish") else {}
         # Model time is this request's alone only when it ran alone, eagerly.
         alone = self.runtime.mode == "eager" and not r.shared
         model_s = self.batch.clock.model_s - r.model_s if alone else math.nan
         return GenerateResult(output[:n_out], nfe, time.perf_counter() - r.began, model_s, n_verify, n_accepted,
-                              n_bonus, **extras)
+                              n_bonus, accepted_at, **extras)
 
     # -- slots -------------------------------------------------------------------------------------------
     def _admissible(self) -> tuple[list[tuple[Group, int]], Request | None]:

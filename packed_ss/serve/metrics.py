@@ -2,7 +2,9 @@
 
 Per finished request its GenerateResult adds: generated tokens, model calls, drafts (verification calls),
 draft tokens (W per verification: every verification checks a draft of up to W tokens) and accepted draft
-tokens; mean acceptance length = 1 + accepted / drafts. The gauges are read when scraped: requests running
+tokens, in total and per draft position (`..._per_pos{position="k"}`: the verifications that accepted draft token
+k, so that accepted_per_pos[k] / drafts is the acceptance rate at depth k); mean acceptance length =
+1 + accepted / drafts. The gauges are read when scraped: requests running
 (in a slot of the engine's batch) and waiting (queued by the server, or in the engine for a slot).
 """
 from __future__ import annotations
@@ -24,9 +26,12 @@ COUNTERS = {
 
 
 class Metrics:
+    PER_POS = "packed_ss:spec_decode_num_accepted_tokens_per_pos"
+
     def __init__(self, width: int):
         self.width = width
         self.values = dict.fromkeys(COUNTERS, 0.0)
+        self.accepted_per_pos = [0] * width
         self._lock = threading.Lock()
 
     def add(self, **amounts: float) -> None:
@@ -39,6 +44,9 @@ class Metrics:
                  model_calls=result.nfe, spec_decode_num_drafts=result.n_verify,
                  spec_decode_num_draft_tokens=result.n_verify * self.width,
                  spec_decode_num_accepted_tokens=result.n_accepted)
+        with self._lock:
+            for k, n in enumerate(result.accepted_at or ()):
+                self.accepted_per_pos[k] += n
 
     def render(self, running: int, waiting: int) -> str:
         lines = []
@@ -46,7 +54,10 @@ class Metrics:
             lines += [f"# HELP {name} Requests {name.rsplit('_', 1)[1]} now.", f"# TYPE {name} gauge",
                       f"{name} {value}"]
         with self._lock:
-            values = dict(self.values)
+            values, per_pos = dict(self.values), list(self.accepted_per_pos)
         for name, help_text in COUNTERS.items():
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name}_total {values[name]:g}"]
+        lines += [f"# HELP {self.PER_POS} Verifications that accepted the draft token at this position (0: the first).",
+                  f"# TYPE {self.PER_POS} counter"]
+        lines += [f'{self.PER_POS}_total{{position="{k}"}} {n}' for k, n in enumerate(per_pos)]
         return "\n".join(lines) + "\n"

@@ -65,6 +65,7 @@ class AnyOrderState(DeviceState):
     n_verify: torch.Tensor
     n_accepted: torch.Tensor
     n_bonus: torch.Tensor
+    accepted_at: torch.Tensor   # [W] verifications that accepted the draft of rank k (runtime/program.py: Step.fold)
     n_iter: torch.Tensor
     trace_order: torch.Tensor   # [T, W] pi_t per iteration (-1 padded)
     trace_stats: torch.Tensor   # [T, 5] the TRACE columns per iteration
@@ -96,7 +97,8 @@ class AnyOrderState(DeviceState):
             rank_pos=full((width,), -1), seed=scalar(seed), offset=scalar(0),
             stops=torch.tensor(table, dtype=torch.int64, device=device).view(n_stop, stop_len),
             done=scalar(False, torch.bool), hold=scalar(False, torch.bool),
-            nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0), n_iter=scalar(0),
+            nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0),
+            accepted_at=full((width,), 0), n_iter=scalar(0),
             trace_order=full((out_len, width), -1), trace_stats=full((out_len, len(TRACE)), 0),
         )
         return cls(**{name: t[None] for name, t in one.tensors().items()})   # a batch of one

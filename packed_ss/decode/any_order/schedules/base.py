@@ -99,7 +99,7 @@ class AnyOrderSchedule:
                               n_pending=int(pending(one)))
             one.hold.fill_(False)
             for step in wide.steps:
-                step.update(st, call(step.inputs(st)))
+                step.fold(st, call(step.inputs(st)))
 
     def finish(self, st: AnyOrderState, fetch) -> dict:
         return {"iterations": st.request().iterations(fetch)}

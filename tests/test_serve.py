@@ -99,7 +99,7 @@ def test_streamed_chat_equals_generate(served, sampling):
 def test_stop_string_ends_the_text_before_it(served):
     """The stop string is found in the decoded text wherever the tokens split it; the text ends before it, and
     the streamed text equals the whole one."""
-    server, reference, tok, _ = served
+    server, reference, tok, app = served
     want = tok.decode(offline(reference, tok, PROMPTS[1], 60))
     stop = want[len(want) // 3: len(want) // 3 + 3]
     assert stop and stop in want
@@ -107,6 +107,7 @@ def test_stop_string_ends_the_text_before_it(served):
     assert whole.choices[0].text == want[:want.index(stop)] and whole.choices[0].finish_reason == "stop"
     figures = whole.model_extra["packed_ss"]        # the engine's counts at the abort
     assert figures["model_calls"] > 0 and figures["tokens_per_call"] > 1 and figures["mean_acceptance_length"] > 1
+    assert len(figures["accepted_per_position"]) == app.state.metrics.width and figures["accepted_per_position"][0] > 0
     streamed = client(server).completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=60, temperature=0,
                                                  stop=[stop, "@@never@@"], stream=True)
     assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text
@@ -208,4 +209,8 @@ def test_concurrent_streams_and_disconnects(served):
         time.sleep(0.05)
     assert "packed_ss:num_requests_running 0" in metrics
     assert app.state.metrics.values["packed_ss:request_aborted"] - before == 8
-    assert "packed_ss:spec_decode_num_accepted_tokens_total" in metrics
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+              if line and not line.startswith("#")}
+    per_pos = [v for k, v in values.items() if k.startswith("packed_ss:spec_decode_num_accepted_tokens_per_pos")]
+    assert len(per_pos) == app.state.metrics.width and per_pos[0] > 0
+    assert sum(per_pos) == values["packed_ss:spec_decode_num_accepted_tokens_total"]

@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from .metrics import Metrics
@@ -42,19 +42,24 @@ def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, 
     decode = lambda ids: tokenizer.decode(ids)                                        # noqa: E731
     encode = lambda text: tokenizer.encode(text).ids                                  # noqa: E731
 
-    app = FastAPI(title="packed-ss", on_startup=[worker.start], on_shutdown=[worker.stop])
+    def bearer(request: Request) -> None:
+        """The API key check, a dependency of every route (once per request: an HTTP middleware would wrap every
+        streamed chunk)."""
+        if api_key is not None and request.url.path != "/health":
+            if request.headers.get("authorization") != f"Bearer {api_key}":
+                raise APIError(401, "a valid API key is needed (Authorization: Bearer KEY)",
+                               kind="authentication_error")
+
+    app = FastAPI(title="packed-ss", on_startup=[worker.start], on_shutdown=[worker.stop],
+                  dependencies=[Depends(bearer)])
     app.state.worker, app.state.metrics = worker, metrics
 
     def error(err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status)
 
-    @app.middleware("http")
-    async def bearer(request: Request, call_next):
-        if api_key is not None and request.url.path != "/health":
-            if request.headers.get("authorization") != f"Bearer {api_key}":
-                return error(APIError(401, "a valid API key is needed (Authorization: Bearer KEY)",
-                                      kind="authentication_error"))
-        return await call_next(request)
+    @app.exception_handler(APIError)
+    async def refused(request: Request, err: APIError) -> JSONResponse:
+        return error(err)
 
     @app.get("/health")
     async def health():
@@ -125,10 +130,11 @@ class Reply:
         """The request's speculative figures: the engine's counts at its end (for a request a stop string
         ended, at its abort: they may include an iteration past the stop string)."""
         figures = {"token_ids": list(self.tokens), "model_calls": None, "tokens_per_call": None,
-                   "mean_acceptance_length": None}
+                   "mean_acceptance_length": None, "accepted_per_position": None}
         if result is not None:
             figures.update(model_calls=result.nfe, tokens_per_call=len(result.tokens) / result.nfe,
-                           mean_acceptance_length=1 + result.mean_accepted if result.n_verify else None)
+                           mean_acceptance_length=1 + result.mean_accepted if result.n_verify else None,
+                           accepted_per_position=result.accepted_at)
         return figures
 
     def _choice(self, text: str, finish: str | None, first: bool = False) -> dict:

@@ -4,7 +4,8 @@ A handler checks its request (`engine.request(...)`, on the event loop, before a
 it. The thread adds up to `max_batch` of them to the engine (the rest wait, at most `max_waiting`: beyond
 that `submit` refuses); requests added together join the running batch at the same step, so they prefill in
 one call, and every step is one iteration of the whole batch (`engine.step()`), after which each request's
-new tokens go to its handler's asyncio queue through its event loop: the loop never blocks on decoding. A
+new tokens go to its handler's asyncio queue through its event loop (one wake-up of the loop per step for all
+of them): the loop never blocks on decoding. A
 cancelled request (a client gone, a stop string reached) is aborted and its slot freed.
 """
 from __future__ import annotations
@@ -35,8 +36,10 @@ class Pending:
     group: object = None
     cancelled: bool = False
 
-    def send(self, kind: str, value) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+def _put_all(items: list) -> None:
+    for events, item in items:
+        events.put_nowait(item)
 
 
 class DecodeWorker:
@@ -45,6 +48,7 @@ class DecodeWorker:
         self.waiting: list[Pending] = []
         self.active: list[Pending] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox: dict[asyncio.AbstractEventLoop, list] = {}   # events for the handlers, sent once per pass
         self._queued = 0                 # submitted, not yet added (the bound of max_waiting)
         self._count_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="packed-ss decode", daemon=True)
@@ -92,6 +96,15 @@ class DecodeWorker:
                 self.metrics.add(decode_busy_seconds=time.perf_counter() - began)
             for pending in list(self.active):
                 self._deliver(pending)
+            self._flush()
+
+    def _send(self, pending: Pending, kind: str, value) -> None:
+        self._outbox.setdefault(pending.loop, []).append((pending.events, (kind, value)))
+
+    def _flush(self) -> None:
+        for loop, items in self._outbox.items():
+            loop.call_soon_threadsafe(_put_all, items)
+        self._outbox = {}
 
     def _take(self, block: bool) -> None:
         try:
@@ -106,7 +119,7 @@ class DecodeWorker:
             self.waiting.remove(pending)
             with self._count_lock:
                 self._queued -= 1
-            pending.send("aborted", None)
+            self._send(pending, "aborted", None)
 
     def _add(self, pending: Pending) -> None:
         with self._count_lock:
@@ -115,7 +128,7 @@ class DecodeWorker:
             pending.group = self.engine.add(pending.submission)
         except ValueError as err:         # e.g. a K/V budget it cannot fit
             self.metrics.add(request_failure=1)
-            pending.send("error", err)
+            self._send(pending, "error", err)
             return
         self.active.append(pending)
 
@@ -131,10 +144,10 @@ class DecodeWorker:
                 self.metrics.finished(pending.prompt_tokens, event)
                 self._end(pending, "done", event)
                 return
-            pending.send("tokens", event)
+            self._send(pending, "tokens", event)
 
     def _end(self, pending: Pending, kind: str, value, **counts) -> None:
         self.active.remove(pending)
         if counts:
             self.metrics.add(**counts)
-        pending.send(kind, value)
+        self._send(pending, kind, value)

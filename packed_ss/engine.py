@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-import math
-import os
 import sys
 import warnings
 from functools import partial
@@ -13,6 +11,7 @@ from typing import Iterator
 import torch
 from tqdm import tqdm
 
+from .checks import check_drafts, check_int, check_request, check_requests
 from .decode.any_order import ORDERS
 from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.epilogue import EPILOGUES, make_epilogue, native_unavailable_reason
@@ -43,35 +42,20 @@ class Submission:
     program: object
 
 
-def _check_int(name, value, low, high=None):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
-
-
-def _per_request(name: str, value, n: int) -> list:
-    """One value per request: a list of n, or one value for all."""
-    if not isinstance(value, (list, tuple)):
-        return [value] * n
-    if len(value) != n:
-        raise ValueError(f"{name} must be one value or a list of one per prompt ({n}), got a list of {len(value)}")
-    return list(value)
-
-
-def _token_ids(name: str, ids, vocab: int) -> list[int]:
-    if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
-        raise ValueError(f"{name} must be token ids in [0, {vocab})")
-    return list(ids)
-
-
 class Engine:
     """Generates with one schedule and width on one model; reusable across `generate` / `stream` calls."""
 
-    def __init__(self, model: DualModeModel, schedule: str = "packed", width: int | str | None = "auto",
+    def __init__(self, model: DualModeModel, schedule: str | None = None, width: int | str | None = "auto",
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
                  epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, sampler: str = "rejection", kv_cache_bytes: int | None = None):
-        """`width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
+                 prefill_chunk: int = PREFILL_CHUNK, sampler: str = "rejection", kv_cache_bytes: int | None = None,
+                 drafts: str | None = None):
+        """`schedule`: "packed" (the default), "linear", "quadratic", "ar", or "lookup" (drafts by n-gram lookup
+        alone, verified in one causal call: the default for a model without a drafting mode, no mask_token_id).
+        `drafts` (packed, linear, quadratic): where drafts come from, "diffusion" (the model's mask rows),
+        "lookup" (the continuation of the latest n-gram match in the prompt and output, decode/lookup.py) or
+        "both" (the lookup draft where there is a match, the diffusion proposal elsewhere); default checks.DRAFTS.
+        `width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
         maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
         and this device's per-call latency, measured once per process (width.py); at most the model's
         `block_size - 1`. Without a profile: `block_size - 1` where the config declares one (capped at
@@ -109,9 +93,11 @@ class Engine:
         """
         any_order = model.cfg.any_order
         schedules = ANY_ORDER_SCHEDULES if any_order else SCHEDULES
+        schedule = schedule or ("packed" if model.cfg.mask_token_id is not None else "lookup")
         if schedule not in schedules:
             kind = "an any-order" if any_order else "this (left-to-right)"
             raise ValueError(f"schedule must be one of {sorted(schedules)} for {kind} model, got {schedule!r}")
+        drafts = check_drafts(model, schedule, drafts)
         if order is not None and order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS} or None, got {order!r}")
         if order not in (None, "ltr") and (not any_order or schedule in ("ar", "threshold")):
@@ -119,21 +105,21 @@ class Engine:
                              f"quadratic; got schedule {schedule!r} on a model with any_order={any_order}")
         auto = width is None or width == "auto"
         if not auto:
-            _check_int("width", width, 1, MAX_WIDTH)
+            check_int("width", width, 1, MAX_WIDTH)
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         if epilogue is not None and epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {tuple(EPILOGUES)} or None, got {epilogue!r}")
         if cuda_graph and model.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a model on a CUDA device, got {model.device}")
-        self.model, self.schedule_name, self.any_order = model, schedule, any_order
+        self.model, self.schedule_name, self.any_order, self.drafts = model, schedule, any_order, drafts
         self.order = order or "ltr"
         self.sampler = sampler
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
-        _check_int("max_seq_len", self.max_seq_len, 2)
-        _check_int("prefill_chunk", prefill_chunk, 1)
+        check_int("max_seq_len", self.max_seq_len, 2)
+        check_int("prefill_chunk", prefill_chunk, 1)
         if kv_cache_bytes is not None:
-            _check_int("kv_cache_bytes", kv_cache_bytes, 1)
+            check_int("kv_cache_bytes", kv_cache_bytes, 1)
         self.epilogue = self._pick_epilogue(epilogue, model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         mode = "graph" if cuda_graph else ("compile" if compile else "eager")
@@ -149,15 +135,15 @@ class Engine:
         install and remembered; the fixed default without a profile. Sets `width_source`."""
         cfg, profile = self.model.cfg, self.model.draft_profile
         limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
-        kind = profile_kind(self.schedule_name, self.any_order)
+        kind = profile_kind(self.schedule_name, self.any_order, self.drafts)
         if profile is None or kind not in profile:
             self.width_source = "default (no acceptance profile)"
             return min(limit, DEFAULT_WIDTH) if not cfg.block_size else limit
         widths = range(1, min(limit, profile["width"]) + 1)
         key = {"model": model_fingerprint(self.model), "device": str(self.model.device),
                "dtype": str(self.model.dtype), **machine(self.model.device), "schedule": self.schedule_name,
-               "order": self.order, "epilogue": self.epilogue, "backend": self.backend, "mode": self.runtime.mode,
-               "compile": self.runtime.compile_backend, "profile": profile[kind][:len(widths)]}
+               "drafts": self.drafts, "order": self.order, "epilogue": self.epilogue, "backend": self.backend,
+               "mode": self.runtime.mode, "compile": self.runtime.compile_backend, "profile": profile[kind][:len(widths)]}
         entry, measured = remembered(key, lambda: {"width": self._measure_width(profile[kind], widths)})
         self.width_source = "measured now" if measured else f"remembered from {entry['measured_at']}"
         return entry["width"]
@@ -182,7 +168,7 @@ class Engine:
         """One greedy request of `new_tokens` (no stop token) at `width`, for timing the step."""
         mask = self.model.cfg.mask_token_id
         prompt = [t for t in range(2, 2 + PROBE_PROMPT + 1) if t != mask][:PROBE_PROMPT]
-        request, params = self._request(prompt, new_tokens, 0.0, None, None, None, [], None, None)
+        request, params = check_request(self, prompt, new_tokens, 0.0, None, None, None, [], None, None)
         return self._drain(self.runtime.decode(self._build(width, params, self.epilogue), [request]))[0]
 
     @staticmethod
@@ -212,7 +198,7 @@ class Engine:
         if self.any_order:
             program = ANY_ORDER_SCHEDULES[self.schedule_name](self.model, width, base, ending, self.order)
         else:
-            program = SCHEDULES[self.schedule_name](self.model, width, base, ending)
+            program = SCHEDULES[self.schedule_name](self.model, width, base, ending, self.drafts)
         return SharedNoise(program, params) if shared else program
 
     # -- requests --------------------------------------------------------------------------------------
@@ -229,7 +215,7 @@ class Engine:
         Temperature 0 is greedy decoding; otherwise tokens follow the AR distribution after
         temperature, top-k and top-p, exactly, whatever the schedule.
         """
-        request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+        request, params = check_request(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                         eos_token_id, stop_token_ids, stop_sequences)
         return self._drain(self.runtime.decode(self.program(params), [request]))[0]
 
@@ -241,7 +227,7 @@ class Engine:
         """Like `generate`, but yields the newly accepted tokens (a list per iteration, in order) as the
         decoder produces them; the generator's return value is the GenerateResult. Arguments are checked
         here, before anything runs."""
-        request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+        request, params = check_request(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                         eos_token_id, stop_token_ids, stop_sequences)
         return self._tokens_of_one(self.runtime.decode(self.program(params), [request], stream=True))
 
@@ -252,7 +238,7 @@ class Engine:
                 stop_sequences: list[list[int]] | None = None) -> Submission:
         """A request checked as `generate` checks it (ValueError naming the argument), with its program; nothing
         runs until it is `add`ed."""
-        request, params = self._request(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+        request, params = check_request(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                         eos_token_id, stop_token_ids, stop_sequences)
         return Submission(request, self.program(params))
 
@@ -288,14 +274,14 @@ class Engine:
         their calls' layouts follow each request's own window. `progress`: a progress bar of finished
         requests (stderr). Everything is checked before anything runs; an error names the request's index.
         """
-        requests, params = self._requests(prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
+        requests, params = check_requests(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
                                           stop_token_ids, stop_sequences)
         if self.any_order and batch_size not in (None, 1):
             raise ValueError(f"batch_size must be 1 for an any-order model (each request's calls follow its own "
                              f"window), got {batch_size!r}")
         n = len(requests)
         batch_size = min(n, 1 if self.any_order else MAX_BATCH) if batch_size is None else batch_size
-        _check_int("batch_size", batch_size, 1, MAX_BATCH)
+        check_int("batch_size", batch_size, 1, MAX_BATCH)
         with tqdm(total=n, desc="requests", unit="req", disable=not progress, file=sys.stderr) as bar:
             return self._drain(self.runtime.decode(self.program(params), requests, batch_size,
                                                    on_finish=lambda i, result: bar.update()))
@@ -307,36 +293,13 @@ class Engine:
         """Like `generate_batch` with every request in its own slot (at most MAX_BATCH; one for an any-order
         model): yields (request index, newly accepted tokens) as the decoder produces them, the generator's
         return value being the GenerateResults in order. Arguments are checked here, before anything runs."""
-        requests, params = self._requests(prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
+        requests, params = check_requests(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
                                           stop_token_ids, stop_sequences)
         limit = 1 if self.any_order else MAX_BATCH
         if len(requests) > limit:
             raise ValueError(f"stream_batch decodes every prompt in its own slot: at most {limit} prompts, got "
                              f"{len(requests)}")
         return self.runtime.decode(self.program(params), requests, len(requests), stream=True)
-
-    def _requests(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, stop_token_ids,
-                  stop_sequences) -> tuple[list[Request], SamplingParams]:
-        """A batch's validated requests (per-request caps and seeds; an error names the request's index)."""
-        prompts = list(prompts)
-        if not prompts:
-            raise ValueError("prompts must contain at least one prompt")
-        n = len(prompts)
-        caps = _per_request("max_new_tokens", max_new_tokens, n)
-        if seed is None or isinstance(seed, (list, tuple)):
-            seeds = _per_request("seed", seed, n)
-        else:
-            _check_int("seed", seed, 0, 2**63 - n)
-            seeds = [seed + i for i in range(n)]
-        requests = []
-        for i, (prompt, cap, s) in enumerate(zip(prompts, caps, seeds)):
-            try:
-                request, params = self._request(prompt, cap, temperature, top_k, top_p, s, eos_token_id,
-                                                stop_token_ids, stop_sequences)
-            except ValueError as err:
-                raise ValueError(f"request {i}: {err}") from None
-            requests.append(request)
-        return requests, params
 
     @staticmethod
     def _tokens_of_one(decoding) -> Iterator[list[int]]:
@@ -355,44 +318,3 @@ class Engine:
             except StopIteration as end:
                 return end.value
 
-    def _request(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,
-                 stop_token_ids, stop_sequences) -> tuple[Request, SamplingParams]:
-        vocab = self.model.cfg.vocab_size
-        prompt = [int(t) for t in prompt_ids.tolist()] if torch.is_tensor(prompt_ids) else list(prompt_ids)
-        if len(prompt) == 0:
-            raise ValueError("prompt_ids must contain at least one token")
-        _token_ids("prompt_ids", prompt, vocab)
-        _check_int("max_new_tokens", max_new_tokens, 1)
-        if len(prompt) + max_new_tokens > self.max_seq_len:
-            raise ValueError(f"prompt length {len(prompt)} + max_new_tokens {max_new_tokens} exceeds the "
-                             f"engine's max_seq_len {self.max_seq_len}")
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        if top_k is not None:
-            _check_int("top_k", top_k, 1)
-        if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-        if seed is not None:
-            _check_int("seed", seed, 0, 2**63 - 1)
-        if eos_token_id is None:
-            eos = list(self.model.cfg.eos_token_ids)
-        else:
-            eos = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
-        for t in set(eos) | set(stop_token_ids or []):
-            _check_int("stop token id", t, 0, vocab - 1)
-        sequences = []
-        for seq in stop_sequences or []:
-            if not isinstance(seq, (list, tuple)) or not seq:
-                raise ValueError(f"stop_sequences must be non-empty lists of token ids in [0, {vocab}), got {seq!r}")
-            sequences.append(tuple(_token_ids("stop_sequences", seq, vocab)))
-        params = SamplingParams(float(temperature), top_k, None if top_p == 1 else top_p)
-        if not params.greedy and self.any_order and (self.schedule_name == "threshold" or self.order != "ltr"):
-            raise ValueError(
-                f"temperature must be 0 for schedule {self.schedule_name!r} with order {self.order!r}: the native "
-                "decoder is an argmax decoder, and a confidence order ranks positions by the sampled drafts' own "
-                "probabilities, so a checked draft no longer follows its stored Q and rejection sampling would "
-                "not be exact; sample with order='ltr' (or schedule='ar')")
-        if seed is None:
-            seed = int.from_bytes(os.urandom(7), "little")
-        stop_ids = sorted(set(eos) | set(stop_token_ids or []))
-        return Request(prompt, max_new_tokens, seed, stop_ids, sequences), params

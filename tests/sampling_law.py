@@ -66,13 +66,13 @@ def sequence_law(next_probs, length: int) -> dict[tuple, float]:
     return law
 
 
-def ar_law(path, params: SamplingParams, length: int) -> dict[tuple, float]:
+def ar_law(path, params: SamplingParams, length: int, prompt=PROMPT) -> dict[tuple, float]:
     """The AR law of a causal checkpoint: transformers' logits at the last row, truncated as the engine does."""
     model = hf_model(path)
 
     def next_probs(prefix):
         with torch.no_grad():
-            logits = model(torch.tensor([PROMPT + prefix])).logits[0, -1]
+            logits = model(torch.tensor([prompt + prefix])).logits[0, -1]
         return densify(*truncated_probs(logits, params), VOCAB)
     return sequence_law(next_probs, length)
 
@@ -95,22 +95,24 @@ class Draws:
     bonus: float          # share of samples whose output holds a bonus token (a whole draft accepted)
 
 
-def draw(path, schedule: str, width: int, params: SamplingParams, epilogue=None, order=None, seeds=range(N)) -> Draws:
+def draw(path, schedule: str, width: int, params: SamplingParams, epilogue=None, order=None, seeds=range(N),
+         prompt=PROMPT, drafts=None) -> Draws:
     """One seeded generate() per seed, each request alone."""
     engine = packed_ss.Engine(packed_ss.load_model(path, dtype=torch.float64), schedule=schedule, width=width,
-                              epilogue=epilogue, order=order)
-    results = [engine.generate(PROMPT, max_new_tokens=length_for(width), temperature=params.temperature,
+                              epilogue=epilogue, order=order, drafts=drafts)
+    results = [engine.generate(prompt, max_new_tokens=length_for(width), temperature=params.temperature,
                                top_k=params.top_k, top_p=params.top_p, seed=seed, eos_token_id=[]) for seed in seeds]
     return Draws([tuple(r.tokens) for r in results], sum(r.n_bonus > 0 for r in results) / len(results))
 
 
-def draw_batched(path, schedule: str, width: int, params: SamplingParams, seeds=range(N), epilogue=None) -> Draws:
+def draw_batched(path, schedule: str, width: int, params: SamplingParams, seeds=range(N), epilogue=None,
+                 prompt=PROMPT, drafts=None) -> Draws:
     """Requests through generate_batch, 16 at a time (continuous batching), request i with seed seeds[i]: every
     token after the first comes from a batched step (the prefill, which draws the first, runs alone)."""
     engine = packed_ss.Engine(packed_ss.load_model(path, dtype=torch.float64), schedule=schedule, width=width,
-                              epilogue=epilogue)
+                              epilogue=epilogue, drafts=drafts)
     seeds = list(seeds)
-    results = engine.generate_batch([PROMPT] * len(seeds), max_new_tokens=length_for(width),
+    results = engine.generate_batch([prompt] * len(seeds), max_new_tokens=length_for(width),
                                     temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                                     seed=seeds, eos_token_id=[], batch_size=16)
     return Draws([tuple(r.tokens) for r in results], sum(r.n_bonus > 0 for r in results) / len(results))
@@ -135,12 +137,13 @@ def g_test_pvalue(samples: list[tuple], law: dict[tuple, float]) -> float:
     return float(chi2.sf(g, len(bins) - 1))
 
 
-def follows(draws: Draws, law: dict[tuple, float], bonus: bool = True) -> float:
+def follows(draws: Draws, law: dict[tuple, float], bonus: bool = True, seen: float = BONUS_SEEN) -> float:
     """The G-test's p-value, after checking (and printing) that the bonus was observed often enough (`bonus`:
-    the schedule emits one; AR and any-order Linear-SS, which drafts every rank, never do)."""
+    the schedule emits one; AR and any-order Linear-SS, which drafts every rank, never do; `seen`: the share
+    required)."""
     print(f"bonus observed in {draws.bonus:.0%} of {len(draws.samples)} samples")
     if bonus:
-        assert draws.bonus >= BONUS_SEEN, f"the bonus was observed in only {draws.bonus:.0%} of the samples"
+        assert draws.bonus >= seen, f"the bonus was observed in only {draws.bonus:.0%} of the samples"
     else:
         assert draws.bonus == 0, "a bonus where the schedule has none"
     return g_test_pvalue(draws.samples, law)

@@ -104,7 +104,7 @@ def edited_copy(tmp_path, config_edit=None, tensor_edit=None):
 
 
 @pytest.mark.parametrize("config_edit,tensor_edit,message", [
-    (lambda c: c.pop("mask_token_id"), None, "mask_token_id"),
+    (lambda c: (c.pop("mask_token_id"), c.update(any_order=True)), None, "any-order model needs one"),
     (lambda c: c.update(model_type="gpt2"), None, "unsupported model_type 'gpt2'"),
     (None, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"), "lacks weight.*layers.1.mlp.up_proj"),
     (None, lambda t: t.update({"model.norm.weight": torch.ones(3)}), "model.norm.weight has shape"),

@@ -73,7 +73,8 @@ class DecodeState(DeviceState):
     no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
     on the left with -1 (matches anything). `n_bonus` counts the verifications that accepted a whole
     non-empty draft and appended the bonus token drawn after it, `accepted_at[k]` the verifications that accepted
-draft token k (runtime/program.py: Step.fold). `prompt_len`: the prompt's length (positions
+draft token k (runtime/program.py: Step.fold). `context` [C]: the prompt's last C tokens, right-aligned after
+-1s, that the lookup drafter searches with the output (C = 0 without it; decode/lookup.py). `prompt_len`: the prompt's length (positions
     prompt_len + j hold output token j). The host reads nothing of it but the
     runtime's poll.
     """
@@ -96,18 +97,20 @@ draft token k (runtime/program.py: Step.fold). `prompt_len`: the prompt's length
     n_accepted: torch.Tensor
     n_bonus: torch.Tensor
     accepted_at: torch.Tensor
+    context: torch.Tensor
     prompt_len: torch.Tensor
 
     @classmethod
     def new(cls, width: int, support: int, max_new: int, stop_ids, seed: int, device,
             out_len: int | None = None, stop_slots: int | None = None, stop_sequences=(),
             sequence_slots: tuple[int, int] | None = None, prompt_len: int = 0,
-            q_dtype: torch.dtype = torch.float64) -> "DecodeState":
+            q_dtype: torch.dtype = torch.float64, context=(), context_len: int = 0) -> "DecodeState":
         """A fresh state for one request (a batch of one). `out_len`, `stop_slots` and `sequence_slots`
         (count, length) fix the output buffer length and the stop tables' shapes (padded with -1), so that
         states of different requests share shapes and stack into a batch (`DeviceState.cat`). `q_dtype`: the
         stored Q's, that of the probabilities the drafts are drawn from (float32 for a float32 or bfloat16
-        model: stored exactly, in half the memory of float64)."""
+        model: stored exactly, in half the memory of float64). `context`: the prompt tokens the lookup drafter
+        searches, of which the last `context_len` are kept."""
         def scalar(v, dtype=torch.int64):
             return torch.tensor([v], dtype=dtype, device=device)
 
@@ -134,7 +137,10 @@ draft token k (runtime/program.py: Step.fold). `prompt_len`: the prompt's length
             stop_ids=row(torch.tensor(stop, dtype=torch.int64, device=device)),
             stop_seqs=torch.tensor(seqs, dtype=torch.int64, device=device).view(1, n_seq, seq_len),
             max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0),
-            accepted_at=torch.zeros(1, width, dtype=torch.int64, device=device), prompt_len=scalar(prompt_len),
+            accepted_at=torch.zeros(1, width, dtype=torch.int64, device=device),
+            context=row(torch.tensor(([-1] * context_len + list(context))[len(context):] if context_len else [],
+                                     dtype=torch.int64, device=device)),
+            prompt_len=scalar(prompt_len),
         )
 
 

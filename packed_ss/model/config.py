@@ -2,7 +2,8 @@
 
 The family comes from the config (`model_type`, `architectures`), never from weight names:
 - llama, mistral, qwen3 (per-head q/k RMSNorm), ministral3 (YaRN plus the Llama-4 query scale): HF
-  directories with a `mask_token_id`;
+  directories; with a `mask_token_id` they draft by diffusion, without one they are causal models that
+  decode with AR or lookup drafts alone;
 - nemotron_labs_diffusion: Nemotron-Labs-Diffusion, a Ministral3 backbone stored as `encoder.*` with an
   untied `diffusion_head`;
 - SetDLM (`architectures` ["SetDLM"]): a Qwen3 backbone decoded any-order, whose mask token is never
@@ -28,7 +29,7 @@ class ModelConfig:
     head_dim: int
     intermediate_size: int
     rms_norm_eps: float
-    mask_token_id: int
+    mask_token_id: int | None   # None: no drafting mode (a causal checkpoint)
     eos_token_ids: tuple[int, ...]
     max_position_embeddings: int
     rope_parameters: dict = field(hash=False)
@@ -111,8 +112,8 @@ def _check(raw: dict, where: str, kind: str) -> None:
     if kind == NLD and paradigm != "bidirectional":
         raise ValueError(f"{where}: model_type {kind!r} with dlm_paradigm {paradigm!r} is not supported (only "
                          "'bidirectional': mask rows of a block see each other)")
-    if raw.get("mask_token_id") is None:
-        raise ValueError(f"{where}: config.json has no mask_token_id; a dual-mode model needs one to draft")
+    if raw.get("mask_token_id") is None and (kind == SETDLM or raw.get("any_order")):
+        raise ValueError(f"{where}: config.json has no mask_token_id; an any-order model needs one to draft")
     _require(raw, ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                    "intermediate_size"], where)
 
@@ -133,7 +134,7 @@ def model_config(raw: dict, where: str) -> ModelConfig:
         head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
         intermediate_size=raw["intermediate_size"],
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-        mask_token_id=raw["mask_token_id"],
+        mask_token_id=raw.get("mask_token_id"),
         eos_token_ids=_eos_ids(raw.get("eos_token_id")),
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
         rope_parameters=rope,

@@ -159,7 +159,8 @@ class NativeEpilogue(Epilogue):
                     raise ValueError(f"DecodeState.q_prob must be float32 or float64, got {value.dtype}")
             elif value.dtype != want:
                 raise ValueError(f"DecodeState.{name} must be {want}, got {value.dtype}")
-            dims = {"draft": 2, "q_idx": 3, "q_prob": 3, "out": 2, "stop_ids": 2, "stop_seqs": 3, "accepted_at": 2}.get(name, 1)
+            dims = {"draft": 2, "q_idx": 3, "q_prob": 3, "out": 2, "stop_ids": 2, "stop_seqs": 3, "accepted_at": 2,
+                    "context": 2}.get(name, 1)
             if value.dim() != dims or value.shape[0] != batch:
                 raise ValueError(f"DecodeState.{name} must have {dims} dimensions, the first the batch size "
                                  f"{batch}; got shape {tuple(value.shape)}")

@@ -6,10 +6,10 @@ from .base import Schedule, Step, layout
 
 class AR(Schedule):
     name = "ar"
-    drafts = False
+    proposes = False
 
-    def __init__(self, model, width, params, epilogue):
-        super().__init__(model, width, params, epilogue)
+    def __init__(self, model, width, params, epilogue, draft_source=None):
+        super().__init__(model, width, params, epilogue, draft_source)
         self.layout = layout(self.device, 1)
         self.zero = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.steps = [Step(self.inputs, self.update)]

@@ -7,8 +7,11 @@ from ...model.attention import Layout
 from ...runtime import ModelInput, Request, Step
 from ...runtime.staging import staged
 from ..epilogue import Epilogue
+from ..lookup import CONTEXT, lookup_draft, point_mass
 from ..sampling import SamplingParams
 from ..state import DecodeState, q_dtype
+
+DRAFT_SOURCES = ("diffusion", "lookup", "both")
 
 
 def layout(device, n_anchor: int, scratch_seg=(), scratch_see=()) -> Layout:
@@ -24,20 +27,26 @@ def layout(device, n_anchor: int, scratch_seg=(), scratch_see=()) -> Layout:
 class Schedule:
     """A decoding schedule, the program the runtime drives: `prefill(*prompts)`, then `steps` until done.
 
-    Subclasses set `name`, `drafts` (whether the prefill call also drafts W+1 positions) and `steps`; each
-    step builds one input [B, R] for the whole batch and ends in one call of the epilogue on its logits
-    [B, R, V] (torch or native: the same calls, the same tokens).
+    Subclasses set `name`, `proposes` (whether the prefill call also drafts W+1 positions by diffusion) and
+    `steps`; each step builds one input [B, R] for the whole batch and ends in one call of the epilogue on its
+    logits [B, R, V] (torch or native: the same calls, the same tokens), then, if it chose the next draft,
+    in `redraft`. `draft_source`: where drafts come from, "diffusion" (the model's mask rows), "lookup"
+    (n-gram matches in the prompt and output, decode/lookup.py: no draft without a match) or "both" (the
+    lookup draft where there is a match, the diffusion proposal elsewhere); None for AR, which does not draft.
     """
     name = ""
-    drafts = True
+    proposes = True
 
-    def __init__(self, model, width: int, params: SamplingParams, epilogue: Epilogue):
+    def __init__(self, model, width: int, params: SamplingParams, epilogue: Epilogue,
+                 draft_source: str | None = "diffusion"):
         self.model, self.width, self.params, self.epilogue = model, width, params, epilogue
+        self.draft_source = draft_source
+        self.looks_up = draft_source in ("lookup", "both")
         self.block = width + 1                 # the most tokens one iteration emits
         self.reserve = 2 * self.block          # cache slots a call may write past the output
         self.device = model.device
         self.mask_id = model.cfg.mask_token_id
-        self.mask_row = self.masks(width)
+        self.mask_row = self.masks(width) if self.proposes else None
         self.steps: list[Step] = []
 
     def masks(self, n: int) -> torch.Tensor:
@@ -61,7 +70,23 @@ class Schedule:
         support = 1 if self.params.greedy else self.params.support(self.model.cfg.vocab_size)
         return DecodeState.new(self.width, support, request.max_new_tokens, stop_ids, request.seed,
                                device or self.device, out_len, stop_slots, sequences, sequence_slots,
-                               len(request.prompt), q_dtype(self.model))
+                               len(request.prompt), q_dtype(self.model), request.prompt if self.looks_up else (),
+                               CONTEXT if self.looks_up else 0)
+
+    def redraft(self, st: DecodeState) -> None:
+        """After a step that chose the next draft: the lookup continuation of the verified sequence replaces it
+        where one is found ("both"), or is the only draft ("lookup"); a lookup draft's Q is a point mass."""
+        if not self.looks_up:
+            return
+        draft, length, found = lookup_draft(st, self.width)
+        otherwise = st.draft_len if self.draft_source == "both" else torch.zeros_like(st.draft_len)
+        values = {"draft": torch.where(found[:, None], draft, st.draft),
+                  "draft_len": torch.where(found, length, otherwise)}
+        if not self.params.greedy:
+            idx, mass = point_mass(draft, st.q_idx.shape[2], self.model.cfg.vocab_size)
+            values.update(q_idx=torch.where(found[:, None, None], idx, st.q_idx),
+                          q_prob=torch.where(found[:, None, None], mass.to(st.q_prob.dtype), st.q_prob))
+        st.assign(~st.done, **values)
 
     # -- the first call: prompt (causal, cached) plus W+1 masks (paper E.2) ---------------------------
     def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:
@@ -74,8 +99,9 @@ class Schedule:
         Built on the host and staged (runtime/staging.py): admission does not wait for the device."""
         cached = torch.tensor(cached or [0] * len(prompts), dtype=torch.int64)
         lengths = torch.tensor([p.numel() for p in prompts])
-        n, n_masks = max(p.numel() for p in prompts), self.block if self.drafts else 0
-        fill = lambda k: torch.full((k,), self.mask_id, dtype=torch.int64)          # noqa: E731
+        n, n_masks = max(p.numel() for p in prompts), self.block if self.proposes else 0
+        pad = self.mask_id if self.mask_id is not None else 0     # any token: no later call sees it
+        fill = lambda k: torch.full((k,), pad, dtype=torch.int64)                   # noqa: E731
         tokens = torch.stack([torch.cat([p, fill(n - p.numel()), fill(n_masks)]) for p in prompts])
         anchors, masks = torch.arange(n), torch.arange(n_masks)
         positions = cached[:, None] + torch.cat([anchors.expand(len(prompts), -1), lengths[:, None] + masks], 1)
@@ -91,5 +117,6 @@ class Schedule:
             ours = self.epilogue.rows(logits.gather(1, rows[:, :, None].expand(-1, -1, logits.shape[2])))
             self.epilogue.step(st, token=ours[:1], propose=ours[1:] if n_masks else None,
                                retain="a" if n_masks else None)
+            self.redraft(st)
 
         return Step(lambda st: ModelInput(tokens, positions, lay, cached), update)

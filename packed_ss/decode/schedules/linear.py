@@ -12,8 +12,8 @@ from .base import Schedule, Step, layout
 class Linear(Schedule):
     name = "linear"
 
-    def __init__(self, model, width, params, epilogue):
-        super().__init__(model, width, params, epilogue)
+    def __init__(self, model, width, params, epilogue, draft_source="diffusion"):
+        super().__init__(model, width, params, epilogue, draft_source)
         b = self.block
         self.offsets = torch.arange(b, device=self.device)
         self.verify_layout = layout(self.device, b)
@@ -27,6 +27,7 @@ class Linear(Schedule):
 
     def draft_update(self, st, logits):
         self.epilogue.step(st, propose=self.epilogue.rows(logits[:, 1:]), retain=0)
+        self.redraft(st)
 
     def verify_inputs(self, st):
         tokens = torch.cat([st.last[:, None], st.draft], 1)

@@ -13,8 +13,8 @@ from .base import Schedule, Step, layout
 class Packed(Schedule):
     name = "packed"
 
-    def __init__(self, model, width, params, epilogue):
-        super().__init__(model, width, params, epilogue)
+    def __init__(self, model, width, params, epilogue, draft_source="diffusion"):
+        super().__init__(model, width, params, epilogue, draft_source)
         b = self.block
         self.offsets = torch.arange(b, device=self.device).repeat(2)
         self.slots = torch.arange(width, device=self.device)
@@ -33,3 +33,4 @@ class Packed(Schedule):
         self.epilogue.step(st, verify=rows[:b],         # lines 3, 5-11: verify D_{t-1}, emit, commit
                            propose=rows[b + 1:],        # line 4: z^(1..W) | P_{t-1}
                            retain="a")                  # lines 12-13: next draft z^(a+1..W)
+        self.redraft(st)                                # or the lookup draft from the prefix after the call

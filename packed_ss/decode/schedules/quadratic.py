@@ -13,8 +13,8 @@ from .base import Schedule, Step, layout
 class Quadratic(Schedule):
     name = "quadratic"
 
-    def __init__(self, model, width, params, epilogue):
-        super().__init__(model, width, params, epilogue)
+    def __init__(self, model, width, params, epilogue, draft_source="diffusion"):
+        super().__init__(model, width, params, epilogue, draft_source)
         b = self.block
         branch_of = [i for i in range(b) for _ in range(b)]
         self.offsets = torch.tensor(list(range(b)) + [i + 1 + j for i in range(b) for j in range(b)],
@@ -35,3 +35,4 @@ class Quadratic(Schedule):
         rows = self.branch_rows + (n_accept[:, None] - 1) * b
         branch = logits.gather(1, rows[:, :, None].expand(-1, -1, logits.shape[2]))
         self.epilogue.commit(st, propose=self.epilogue.rows(branch), retain=1)
+        self.redraft(st)

@@ -1,0 +1,56 @@
+"""The lookup drafter: n-gram matches in the prompt and the output so far, on the device, batch-shaped.
+
+After a step's acceptance the verified sequence of request b is `context[b]` (the last prompt tokens,
+right-aligned, -1 before them) followed by `out[b, :n_out[b]]`. Its last n tokens (n from `NGRAMS`, longest
+first) are looked up at every earlier end e (the most recent one wins, one that overlaps the current end
+included), and the draft is the W tokens that followed: hay[e + 1 + i], continued, where they run past the
+end, as a copy of itself (a back-reference of period p = end - 1 - e repeats: d_i = hay[end - p + i mod p]).
+The draft stops after its first stop token. Fixed shapes, no host read: it runs inside a captured iteration.
+
+A lookup draft is a point mass: its stored Q is 1 on the token (Alg. 2 then accepts d with probability
+p(d) and draws a rejection's correction from p without d, renormalised), laid out so that the sparse and the
+dense readings of the Q rows agree.
+"""
+from __future__ import annotations
+
+import torch
+
+NGRAMS = (4, 3, 2)     # match lengths tried, longest first
+CONTEXT = 1024         # prompt tokens searched (the last ones of a longer prompt), besides the whole output
+
+
+def continuation(hay: torch.Tensor, end: torch.Tensor, width: int, ngrams=NGRAMS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(draft [B, W], found [B]): the lookup continuation of each row's sequence hay[b, :end[b]] (tokens >= 0;
+    -1 marks no token). Rows without a match have found False and a meaningless draft."""
+    batch, length = hay.shape
+    device = hay.device
+    best = torch.full((batch,), -1, dtype=torch.int64, device=device)
+    for n in ngrams:
+        if n > length:
+            continue
+        pattern = hay.gather(1, (end[:, None] - n + torch.arange(n, device=device)).clamp(min=0))      # [B, n]
+        whole = (end >= n) & (pattern >= 0).all(1)
+        ends = torch.arange(n - 1, length, device=device)                                              # e
+        hit = (hay.unfold(1, n, 1) == pattern[:, None, :]).all(-1) & (ends <= end[:, None] - 2) & whole[:, None]
+        best = torch.where(best < 0, torch.where(hit, ends, -1).amax(1), best)
+    period = (end - 1 - best).clamp(min=1)
+    i = torch.arange(width, device=device)
+    src = end[:, None] - period[:, None] + i % period[:, None]
+    return hay.gather(1, src.clamp(0, length - 1)), best >= 0
+
+
+def lookup_draft(st, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(draft [B, W], length [B], found [B]) for a DecodeState: the continuation, cut after its first stop."""
+    hay = torch.cat([st.context, st.out], 1)
+    draft, found = continuation(hay, st.context.shape[1] + st.n_out, width)
+    is_stop = (draft[:, :, None] == st.stop_ids[:, None, :]).any(-1)
+    length = torch.where(is_stop.any(1), is_stop.long().argmax(1) + 1, width)
+    return draft, length, found
+
+
+def point_mass(draft: torch.Tensor, support: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q rows (idx, prob) [B, W, K] that put all mass on each draft token: idx = token ids 0..V-1 when K = V
+    (the dense layout, idx = token), else d, d+1, ... (mod V, distinct) with the mass on the first."""
+    j = torch.arange(support, device=draft.device)
+    idx = j.expand(*draft.shape, -1) if support == vocab else (draft[:, :, None] + j) % vocab
+    return idx, idx == draft[:, :, None]

@@ -1,0 +1,183 @@
+"""The lookup drafter (decode/lookup.py) against a plain Python reference, at its edges; greedy output with lookup
+drafts equal to AR for every schedule and draft source, batched equal to alone, native equal to torch; causal
+checkpoints without a drafting mode."""
+import json
+import random
+
+import pytest
+import torch
+from tiny_models import checkpoint, hf_greedy
+
+import packed_ss
+from packed_ss.decode.lookup import CONTEXT, NGRAMS, continuation, lookup_draft
+from packed_ss.decode.schedules import SCHEDULES
+from packed_ss.decode.state import DecodeState
+
+
+def reference(prompt: list[int], out: list[int], width: int, stops=(), ngrams=NGRAMS, context=CONTEXT):
+    """The draft as a person would write it: the latest earlier occurrence of the longest matching suffix, then
+    the tokens after it copied one at a time (a copy that reaches the end copies what it has just copied); cut
+    after the first stop. None without a match."""
+    seq = prompt[-context:] + out
+    end = len(seq)
+    for n in ngrams:
+        if end < n:
+            continue
+        for e in range(end - 2, n - 2, -1):
+            if seq[e - n + 1: e + 1] == seq[end - n:]:
+                copy = list(seq)
+                draft = []
+                for i in range(width):
+                    copy.append(copy[e + 1 + i])
+                    draft.append(copy[-1])
+                    if draft[-1] in stops:
+                        break
+                return draft
+    return None
+
+
+def state_of(prompt, out, width, stops=(), context=CONTEXT):
+    st = DecodeState.new(width, 1, len(out) + 4, stops, 0, "cpu", context=prompt, context_len=context)
+    st.out[0, :len(out)] = torch.tensor(out, dtype=torch.int64)
+    st.n_out.fill_(len(out))
+    return st
+
+
+def drafted(prompt, out, width, stops=(), context=CONTEXT):
+    draft, length, found = lookup_draft(state_of(prompt, out, width, stops, context), width)
+    return draft[0, :length[0]].tolist() if found[0] else None
+
+
+EDGES = {   # name: (prompt, output, width, stops)
+    "no match": ([1, 2, 3, 4], [5, 6], 4, ()),
+    "match in the prompt only": ([7, 8, 9, 10, 11, 7, 8], [9], 3, ()),
+    "latest match wins": ([5, 6, 1, 5, 6, 2, 5], [6], 2, ()),
+    "longest n first": ([1, 2, 3, 9, 2, 3, 8, 1, 2], [3], 2, ()),
+    "match overlapping the end": ([4], [3, 3, 3], 5, ()),
+    "period of two": ([1, 2, 1], [2], 5, ()),
+    "n longer than the output": ([3, 9, 5, 3], [9], 4, ()),
+    "shorter than every n": ([5], [], 3, ()),
+    "one token so far": ([], [6], 3, ()),
+    "stop inside the continuation": ([1, 2, 3, 7, 0, 5, 1, 2], [3], 4, (0,)),
+    "stop first": ([1, 2, 0, 7, 1], [2], 3, (0,)),
+    "match in the output only": ([9], [1, 2, 3, 1, 2], 2, ()),
+}
+
+
+@pytest.mark.parametrize("name", list(EDGES))
+def test_edges_match_the_reference(name):
+    prompt, out, width, stops = EDGES[name]
+    assert drafted(prompt, out, width, stops) == reference(prompt, out, width, stops)
+
+
+def test_edges_say_what_they_claim():
+    """The edge cases are the cases their names say (the reference's drafts, spelled out)."""
+    want = {"no match": None, "match in the prompt only": [10, 11, 7], "latest match wins": [2, 5],
+            "longest n first": [9, 2], "match overlapping the end": [3, 3, 3, 3, 3], "period of two": [1, 2, 1, 2, 1],
+            "n longer than the output": [5, 3, 9, 5], "shorter than every n": None, "one token so far": None,
+            "stop inside the continuation": [7, 0], "stop first": [0], "match in the output only": [3, 1]}
+    assert {name: reference(*case) for name, case in EDGES.items()} == want
+
+
+def test_context_keeps_the_last_prompt_tokens():
+    """A prompt longer than the context is searched in its last `context` tokens only."""
+    prompt = [1, 2, 3] + [9] * 10 + [4, 5]
+    assert drafted(prompt, [1, 2], 2, context=16) == [3, 9]
+    assert drafted(prompt, [1, 2], 2, context=12) is None
+    assert reference(prompt, [1, 2], 2, context=12) is None
+
+
+@pytest.mark.parametrize("vocab", [3, 6])
+def test_random_sequences_match_the_reference(vocab):
+    """A batch of random sequences of every length, one call: each row equals the reference."""
+    rng = random.Random(vocab)
+    width, cases = 5, []
+    for _ in range(64):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(0, 12))]
+        out = [rng.randrange(vocab) for _ in range(rng.randint(0 if prompt else 1, 12))]
+        cases.append((prompt, out))
+    states = [state_of(p, o, width, (0,), context=16) for p, o in cases]
+    out_len = max(st.out.shape[1] for st in states)
+    for st in states:
+        st.out = torch.nn.functional.pad(st.out, (0, out_len - st.out.shape[1]), value=7)
+    draft, length, found = lookup_draft(DecodeState.cat(states), width)
+    got = [draft[b, :length[b]].tolist() if found[b] else None for b in range(len(cases))]
+    want = [reference(p, o, width, (0,), context=16) for p, o in cases]
+    assert got == want
+    assert sum(w is not None for w in want) > 8 and sum(w is None for w in want) > 4   # both kinds of row
+
+
+def test_continuation_ignores_what_follows_the_end():
+    hay = torch.tensor([[1, 2, 1, 2, 5, 5, 5]])
+    draft, found = continuation(hay, torch.tensor([4]), 3)
+    assert found.item() and draft.tolist() == [[1, 2, 1]]
+
+
+# -- decoding with lookup drafts ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shipped():
+    model = packed_ss.load_model()
+    tok = packed_ss.load_tokenizer(packed_ss.model.loading.default_model_path())
+    rows = [json.loads(line) for line in open("bench/humaneval-32.jsonl")][:3]
+    return model, [tok.encode(r["prompt"]).ids for r in rows]
+
+
+DRAFTING = [(s, d) for s in ("linear", "quadratic", "packed") for d in ("lookup", "both")] + [("lookup", None)]
+
+
+@pytest.mark.parametrize("schedule,drafts", DRAFTING)
+def test_greedy_with_lookup_drafts_equals_ar(shipped, schedule, drafts):
+    """The shipped model on HumanEval prompts (code repeats: lookup drafts are accepted many tokens deep)."""
+    model, prompts = shipped
+    ar = packed_ss.Engine(model, schedule="ar").generate_batch(prompts, max_new_tokens=64)
+    engine = packed_ss.Engine(model, schedule=schedule, drafts=drafts, width=5)
+    got = [engine.generate(p, max_new_tokens=64) for p in prompts]
+    assert [r.tokens for r in got] == [r.tokens for r in ar]
+    assert max(r.accepted_at[3] for r in got) > 0     # drafts accepted four deep: the lookup drafts were used
+
+
+@pytest.mark.parametrize("epilogue", ["torch", "native"])
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=1.0, seed=3)], ids=["greedy", "T1"])
+def test_batched_equals_alone(shipped, epilogue, sampling):
+    if epilogue == "native" and not packed_ss.decode.epilogue.native_available("cpu"):
+        pytest.skip("native epilogue not built")
+    model, prompts = shipped
+    engine = packed_ss.Engine(model, drafts="both", width=5, epilogue=epilogue)
+    batched = engine.generate_batch(prompts, max_new_tokens=48, **sampling)
+    alone = [packed_ss.Engine(model, drafts="both", width=5, epilogue="torch").generate(
+        p, max_new_tokens=48, **(dict(sampling, seed=sampling["seed"] + i) if sampling else {}))
+        for i, p in enumerate(prompts)]
+    assert [(r.tokens, r.accepted_at) for r in batched] == [(r.tokens, r.accepted_at) for r in alone]
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "mistral-untied", "qwen3-qknorm"])
+def test_a_causal_checkpoint_decodes_with_lookup(name):
+    """No mask_token_id: it loads, decodes by lookup (its default schedule) and AR exactly as transformers does,
+    and the schedules that need mask rows refuse it by name."""
+    path = checkpoint(name, vocab_size=11, mask_token_id=None)
+    model = packed_ss.load_model(path, dtype=torch.float64)
+    assert model.cfg.mask_token_id is None
+    prompt = [3, 4, 5, 3, 4, 5, 3]
+    want = hf_greedy(path, prompt, 24, eos_token_id=[])
+    engine = packed_ss.Engine(model, width=4)
+    assert engine.schedule_name == "lookup"
+    got = engine.generate(prompt, max_new_tokens=24, eos_token_id=[])
+    assert got.tokens == want and got.n_accepted > 0
+    assert packed_ss.Engine(model, schedule="ar").generate(prompt, max_new_tokens=24, eos_token_id=[]).tokens == want
+    for schedule in ("linear", "quadratic", "packed"):
+        with pytest.raises(ValueError, match="no drafting mode"):
+            packed_ss.Engine(model, schedule=schedule)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(drafts="ngram"), "drafts must be one of"),
+    (dict(schedule="ar", drafts="lookup"), "schedule 'ar' does not draft"),
+    (dict(schedule="lookup", drafts="both"), "schedule 'lookup' drafts by lookup alone"),
+])
+def test_bad_draft_options(shipped, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        packed_ss.Engine(shipped[0], **kwargs)
+
+
+def test_every_schedule_is_covered():
+    assert {s for s, _ in DRAFTING} | {"ar"} == set(SCHEDULES)

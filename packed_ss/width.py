@@ -45,6 +45,7 @@ PROFILE_FILE = "draft_profile.json"
 CACHE_ENV = "PACKED_SS_CACHE_DIR"
 CHOICES_FILE = "auto_widths.json"
 PROFILE_KINDS = ("fresh", "lagged", "branch")   # the replays a profile holds; "branch" for any-order models only
+LOOKUP_KINDS = ("lookup", "fresh+lookup", "lagged+lookup")   # with lookup drafts (left to right; optional in a file)
 CACHED_TOKENS = 256
 REPS = 5
 PROBE_TOKENS = (8, 40)     # new tokens of the short and the long decode step_overhead compares
@@ -70,7 +71,7 @@ def read_profile(directory: str | Path) -> dict | None:
         return None
     profile = json.loads(file.read_text())
     width = profile.get("width")
-    for kind in profile_kinds(any_order="branch" in profile):
+    for kind in profile_kinds(any_order="branch" in profile) + tuple(k for k in LOOKUP_KINDS if k in profile):
         values = profile.get(kind)
         if not (isinstance(values, list) and len(values) == width and all(v >= 1 for v in values)):
             raise ValueError(f"{file}: {kind!r} must list expected tokens per iteration (each >= 1) for widths "
@@ -83,12 +84,17 @@ def profile_kinds(any_order: bool) -> tuple[str, ...]:
     return PROFILE_KINDS if any_order else tuple(k for k in PROFILE_KINDS if k != "branch")
 
 
-def profile_kind(schedule: str, any_order: bool) -> str | None:
+def profile_kind(schedule: str, any_order: bool, drafts: str | None = None) -> str | None:
     """The replay that predicts `schedule`'s tokens per iteration: Linear-SS drafts from the current prefix
     ("fresh"), Packed-SS verifies the previous call's proposal ("lagged"), Quadratic-SS the branch that
     verification selects, which has seen the accepted drafts and, left to right, the correction token too
-    ("fresh"); an any-order branch has not ("branch"). None for schedules without drafts."""
-    return {"packed": "lagged", "linear": "fresh", "quadratic": "branch" if any_order else "fresh"}.get(schedule)
+    ("fresh"); an any-order branch has not ("branch"). With lookup drafts (`drafts`, Engine): "lookup" alone,
+    or "<kind>+lookup", the lookup draft from the current prefix where it finds one and the kind's draft
+    elsewhere. None for schedules without drafts."""
+    if schedule == "lookup" or drafts == "lookup":
+        return "lookup"
+    kind = {"packed": "lagged", "linear": "fresh", "quadratic": "branch" if any_order else "fresh"}.get(schedule)
+    return f"{kind}+lookup" if kind and drafts == "both" else kind
 
 
 def choose_width(tokens: list[float], rows_of: Callable[[int], list[int]], cost: CallCost) -> int:
@@ -113,7 +119,7 @@ def call_cost(model, attend, backend: str, rows: list[int]) -> CallCost:
     points = []
     for n in key[-1]:
         lay = Layout(0, torch.ones(n, dtype=torch.int64, device=device), torch.full((n,), -1, device=device), 0)
-        tokens = torch.full((n,), model.cfg.mask_token_id, device=device)
+        tokens = torch.full((n,), model.cfg.mask_token_id or 0, device=device)   # any token: a timing
         positions = cache_len + torch.arange(n, device=device)
         times = []
         for i in range(REPS + 2):

@@ -51,7 +51,7 @@ def test_quick_bench(tmp_path):
     assert {p["kind"] for p in lat["points"]} >= {"ar", "linear-verify", "linear-draft", "packed", "quadratic"}
 
     methods = {(r["method"], r["width"]) for r in result["records"]}
-    assert methods == {("ar", None), ("linear", 4), ("quadratic", 4), ("packed", 4), ("hf", None),
+    assert methods == {("ar", None), ("linear", 4), ("quadratic", 4), ("packed", 4), ("lookup", 4), ("hf", None),
                        ("hf-lookup", 4)}
     assert len(result["records"]) == len(methods) * 3 * 2          # 3 prompts, temperatures 0 and 1
     for r in result["records"]:
@@ -68,7 +68,11 @@ def test_quick_bench(tmp_path):
             continue
         for name, ci in row["vs_linear"].items():
             assert ci["lo"] <= ci["point"] <= ci["hi"], (row["method"], name, ci)
-    assert {c["method"] for c in result["cost_model"]} == {"ar", "linear", "quadratic", "packed"}
+    assert {c["method"] for c in result["cost_model"]} == {"ar", "linear", "quadratic", "packed", "lookup"}
+    for row in result["summary"]:             # transformers' prompt lookup at the same width, paired
+        if row["method"] not in ("hf-lookup", "hf", "ar"):
+            ci = row["vs_hf_lookup"]["throughput_ratio"]
+            assert ci["lo"] <= ci["point"] <= ci["hi"]
     assert "### Temperature 0" in (out / "bench.md").read_text()
 
 
@@ -112,13 +116,15 @@ def test_bench_at_the_auto_width(tmp_path):
     """--widths auto: each schedule at the engine's own choice (reported), compared with our AR too."""
     out = tmp_path / "auto"
     proc = subprocess.run([sys.executable, "-m", "packed_ss", "bench", "--limit", "1", "--max-new-tokens", "8",
-                           "--widths", "auto", "--temperatures", "0", "--peers", "--latency-reps", "2",
+                           "--widths", "auto", "--temperatures", "0", "--peers", "--latency-reps", "2", "--drafts",
+                           "diffusion", "both",
                            "--resamples", "200", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "bench.json").read_text())
     rows = {r["method"]: r for r in result["summary"]}
-    assert set(rows) == {"ar", "linear", "quadratic", "packed"}
-    for name in ("linear", "quadratic", "packed"):
+    assert set(rows) == {"ar", "linear", "quadratic", "packed", "lookup", "linear+both", "quadratic+both",
+                         "packed+both"}
+    for name in ("linear", "quadratic", "packed", "packed+both"):
         assert rows[name]["width"] == "auto" and 1 <= rows[name]["engine_width"] <= 16
         assert result["meta"]["auto_widths"][name] == rows[name]["engine_width"]
         assert rows[name]["vs_ar"]["throughput_ratio"]["point"] > 0

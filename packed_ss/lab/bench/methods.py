@@ -40,12 +40,14 @@ class CallTimer:
 
 
 class Ours:
-    """One of our schedules through the public Engine API."""
+    """One of our schedules through the public Engine API, named after it and its drafts when they are not the
+    default diffusion proposals ("packed+both", "linear+lookup")."""
 
-    def __init__(self, model, schedule: str, width: int | str, timer: CallTimer):
+    def __init__(self, model, schedule: str, width: int | str, timer: CallTimer, drafts: str | None = None):
         """`width` an integer or "auto" (the engine's choice, `self.engine.width`)."""
-        self.name, self.width, self.timer = schedule, (None if schedule == "ar" else width), timer
-        self.engine = Engine(model, schedule=schedule, width=width)
+        self.width, self.timer = (None if schedule == "ar" else width), timer
+        self.engine = Engine(model, schedule=schedule, width=width, drafts=drafts)
+        self.name = schedule if drafts in (None, "diffusion") else f"{schedule}+{drafts}"
         self.layouts = call_layouts(self.engine.program(SamplingParams()))    # one iteration's calls
 
     def warm_up(self, prompt: list[int], max_new_tokens: int):

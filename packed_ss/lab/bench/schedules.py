@@ -11,7 +11,9 @@ One run does three things on one model directory:
    paired bootstrap 95% intervals (same prompt indices for every method) against Linear-SS at the same
    width and temperature.
 3. Peers on the same weights: transformers' `generate` (greedy or sampling) and its prompt-lookup
-   decoding (drafting W tokens), next to our `ar` schedule (methods.py).
+   decoding (drafting W tokens), next to our `ar` schedule (methods.py); `--drafts` adds our schedules with
+   lookup drafts ("lookup": alone, "both": joined with the diffusion proposals; methods "packed+both" ...),
+   compared with transformers' prompt lookup at the same width as well.
 From the fit and the measured tokens per iteration, a cost model predicts each schedule's model time per
 iteration and its throughput ratio to Linear-SS, next to what was measured, so that misses can be traced
 to the call cost, to the acceptance, or to non-model decoder time.
@@ -32,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...decode.schedules import SCHEDULES
+from ...decode.schedules import DRAFT_SOURCES, SCHEDULES
 from ...model.loading import DTYPES, default_model_path, load_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
@@ -79,7 +81,9 @@ def run(args) -> dict:
     start, load0 = time.perf_counter(), os.getloadavg()[0]
 
     timer = CallTimer(model, model.device)
-    methods = [Ours(model, name, w, timer) for name in args.schedules if name != "ar" for w in args.widths]
+    methods = [Ours(model, name, w, timer, drafts) for name in args.schedules if name != "ar" for w in args.widths
+               for drafts in ([None] if name == "lookup" else
+                              sorted(set(args.drafts) | ({"diffusion"} if name == "linear" else set())))]
     if "ar" in args.schedules:
         methods.insert(0, Ours(model, "ar", 1, timer))
     widths = sorted({m.engine.width for m in methods if m.name != "ar"})
@@ -153,6 +157,7 @@ def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n
         ar = per_prompt(groups[("ar", None)], n_prompts) if ("ar", None) in groups else None
         for w in args.widths:
             linear = per_prompt(groups[("linear", w)], n_prompts)
+            peer = per_prompt(groups[("hf-lookup", w)], n_prompts) if ("hf-lookup", w) in groups else None
             linear_cost = cost_model(by_key[("linear", w)], groups[("linear", w)], latency)
             for key, m in by_key.items():
                 if m.width not in (w, None):
@@ -164,6 +169,8 @@ def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n
                     row["vs_linear"] = paired(per_prompt(groups[key], n_prompts), linear, counts)
                 if ar is not None and key != ("ar", None):
                     row["vs_ar"] = paired(per_prompt(groups[key], n_prompts), ar, counts)
+                if peer is not None and key != ("hf-lookup", w):
+                    row["vs_hf_lookup"] = paired(per_prompt(groups[key], n_prompts), peer, counts)
                 summary.append(row)
                 if isinstance(m, Ours):
                     c = cost_model(m, groups[key], latency)
@@ -228,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=1, help="responses per prompt at temperature > 0 (default 1)")
     p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES),
                    help="our schedules (default all; linear is required: it is the baseline)")
+    p.add_argument("--drafts", nargs="+", default=["diffusion"], choices=DRAFT_SOURCES,
+                   help="draft sources of packed, linear and quadratic (default diffusion; Linear-SS with diffusion "
+                        "drafts, the baseline, always runs)")
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
                    help="transformers peers on the same weights (default both; none: --peers)")
     p.add_argument("--latency-reps", type=int, default=None,

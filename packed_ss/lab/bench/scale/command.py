@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -165,7 +166,8 @@ def run(args, argv: list[str]) -> dict:
             "dtype": str(dtype).removeprefix("torch."), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "parameters": sum(p.numel() for p in model.parameters()), "build_s": time.perf_counter() - began,
             "quick": args.quick, "reps": args.reps, "mode": "graph" if device.type == "cuda" else "eager",
-            "widths": args.widths, "batch_sizes": args.batch_sizes, "cache_lens": args.cache_lens, "rows": args.rows}
+            "widths": args.widths, "batch_sizes": args.batch_sizes, "cache_lens": args.cache_lens, "rows": args.rows,
+            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "loadavg_start": os.getloadavg()[0]}
     rec = Record(args.out, {"meta": meta})
     rec.result["copy_bandwidth"] = roofline.copy_bandwidth(device)
     rec.save()
@@ -205,7 +207,7 @@ def run(args, argv: list[str]) -> dict:
     modes, skipped = kernel_modes(args, device.type == "cuda")
     rec.result["kernels"] = resources.kernels(model, modes, skipped, max(args.widths), args.prompt_len)
     rec.result["targets"] = report.targets(rec.result)
-    meta["elapsed_s"] = time.time() - started
+    meta["elapsed_s"], meta["loadavg_end"] = time.time() - started, os.getloadavg()[0]
     rec.save()
     return rec.result
 

@@ -18,6 +18,7 @@ from ..iteration import iteration_cost
 from ..latency import time_layouts
 
 QUADRATIC_MAX_ROWS = 128     # Quadratic-SS runs at the widths whose call, B(B+1) rows, is at most this
+REPEATS = 3                  # timed pairs of decodes, the median kept (a loaded CPU varies run to run)
 
 
 def graph_pool_bytes(device: torch.device) -> int | None:
@@ -48,7 +49,7 @@ def measure(model, schedule: str, width: int, batch: int, prompt_len: int, new: 
     engine = Engine(model, schedule=schedule, width=width, cuda_graph=graph)
     if graph:
         torch.cuda.reset_peak_memory_stats(model.device)
-    cost = iteration_cost(engine, prompts(model, batch, prompt_len, seed=batch), new)
+    cost = iteration_cost(engine, prompts(model, batch, prompt_len, seed=batch), new, REPEATS)
     peak = torch.cuda.max_memory_allocated(model.device) if graph else None
     pool = graph_pool_bytes(model.device)
     model_ms, source = cost["model_ms_per_iteration"], "runtime clock"

@@ -46,7 +46,8 @@ def markdown(result: dict) -> str:
     out = [f"Config `{meta['config']}` x {meta['scale']:g} ({', '.join(f'{k} {v}' for k, v in meta['dims'].items())}; "
            f"{meta['parameters'] / 1e6:.1f} M parameters, random weights built in {meta['build_s']:.1f} s), "
            f"{meta['dtype']} on {meta['device']} ({meta['device_name']}, {meta['threads']} thread(s)), "
-           f"{meta['mode']} calls, {meta['reps']} reps; {meta.get('elapsed_s', float('nan')):.0f} s.", "",
+           f"{meta['mode']} calls, {meta['reps']} reps; {meta.get('elapsed_s', float('nan')):.0f} s, load average "
+           f"{meta['loadavg_start']:.2f} at the start, {meta.get('loadavg_end', float('nan')):.2f} at the end.", "",
            f"`{meta['command']}`", "",
            f"Copy bandwidth (read + write of a {copy['bytes'] >> 20} MiB device-to-device copy): "
            f"{copy['gb_per_s']:.1f} GB/s.", "", "## Per-call latency", ""]
@@ -70,10 +71,12 @@ def markdown(result: dict) -> str:
         out += [f"| {a['batch']} | {a['kind']} | {a['rows']} | "
                 + ("n/a | n/a |" if a["gb_per_s"] is None else f"{a['gb_per_s']:.1f} | {100 * a['copy_share']:.1f} |")
                 for a in att]
-    out += ["", "## Decode iteration", "", "| schedule | W | batch | mode | epilogue | ms/iter | model ms | other ms "
-            "| other % | model time from |", "|---|---:|---:|---|---|---:|---:|---:|---:|---|"]
+    out += ["", "## Decode iteration", "", f"{meta['prompt_len']}-token random prompts, {meta['new_tokens']} new "
+            "tokens each; iterations: of one decode (random weights still accept some drafts).", "",
+            "| schedule | W | batch | mode | epilogue | iterations | ms/iter | model ms | other ms | other % "
+            "| model time from |", "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|"]
     out += [f"| {r['schedule']} | {r['width'] or ''} | {r['batch']} | {r['mode']} | {r['epilogue']} "
-            f"| {r['ms_per_iteration']:.3f} | {r['model_ms']:.3f} | {r['nonmodel_ms']:.3f} "
+            f"| {r['iterations']} | {r['ms_per_iteration']:.3f} | {r['model_ms']:.3f} | {r['nonmodel_ms']:.3f} "
             f"| {100 * r['nonmodel_share']:.1f} | {r['model_time']} |" for r in result["iterations"]]
     proj = result["projection"]
     out += ["", f"## Projected tokens/s ({proj['label']})", ""]
@@ -133,48 +136,55 @@ def _targets_markdown(t: dict) -> str:
     return "\n".join(lines)
 
 
+def _panels(n: int, width: float):
+    """(pyplot, figure, axes) of `n` panels side by side."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, max(1, n), figsize=(width * max(1, n), 4), squeeze=False)
+    return plt, fig, axes[0]
+
+
+def _save(plt, fig, axes, title: str, path: Path) -> None:
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_latency(result: dict, path: Path) -> None:
     """Median latency against rows, a panel per batch, a line per cache length (dashed: the fit)."""
-    plt = _pyplot()
     fits = [f for f in result["latency"] if "points" in f]
     batches = sorted({f["batch"] for f in fits})
-    fig, axes = plt.subplots(1, max(1, len(batches)), figsize=(5 * max(1, len(batches)), 4), squeeze=False)
-    for ax, batch in zip(axes[0], batches):
+    plt, fig, axes = _panels(len(batches), 5)
+    for ax, batch in zip(axes, batches):
         for fit in (f for f in fits if f["batch"] == batch):
             rows = [p["rows"] for p in fit["points"]]
             line, = ax.plot(rows, [p["median_ms"] for p in fit["points"]], "o", label=f"cache {fit['cache_len']}")
             n = np.linspace(0, max(rows), 50)
             ax.plot(n, fit["tau_ms"] + fit["delta_ms"] * n, "--", color=line.get_color())
         ax.set(xlabel="rows per request per call", ylabel="ms per call (median; dashed: fit)", title=f"batch {batch}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{result['meta']['config']} x {result['meta']['scale']:g}, {result['meta']['device_name']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    meta = result["meta"]
+    _save(plt, fig, axes, f"{meta['config']} x {meta['scale']:g}, {meta['device_name']}", path)
 
 
 def plot_projection(result: dict, path: Path) -> None:
     """Projected tokens/s at the auto width against batch, a panel per profile source, a line per schedule, at the
     shortest cache length."""
-    plt = _pyplot()
     rows = [r for r in result["projection"]["rows"] if r["auto"] or r["width"] is None]
     cache_len = min((r["cache_len"] for r in rows), default=None)
     sources = list(dict.fromkeys(r["source"] for r in rows))
-    fig, axes = plt.subplots(1, max(1, len(sources)), figsize=(4.5 * max(1, len(sources)), 4), squeeze=False)
-    for ax, source in zip(axes[0], sources):
+    plt, fig, axes = _panels(len(sources), 4.5)
+    for ax, source in zip(axes, sources):
         for schedule in dict.fromkeys(r["schedule"] for r in rows if r["source"] == source):
             pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows if r["source"] == source
                          and r["schedule"] == schedule and r["cache_len"] == cache_len)
             ax.plot(*zip(*pts), "o-", label=schedule)
         ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="projected tokens/s", title=source)
         ax.set_xticks(result["meta"]["batch_sizes"], [str(b) for b in result["meta"]["batch_sizes"]])
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"PROJECTION at {cache_len} cached tokens: measured cost x published / given acceptance")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, axes, f"PROJECTION at {cache_len} cached tokens: measured cost x published / given acceptance",
+          path)
 
 
 def write(out: Path, result: dict) -> None:

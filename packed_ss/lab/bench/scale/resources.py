@@ -70,5 +70,7 @@ def kernels(model, modes: list[str], skipped: dict[str, str], width: int, prompt
         per_iteration = (counts[1][0] - counts[0][0]) / max(1, counts[1][1] - counts[0][1])
         calls = len(call_layouts(engine.program(SamplingParams())))
         out.append({"mode": mode, "per_iteration": per_iteration, "per_call": per_iteration / calls,
-                    "what": "device kernels" if device.type == "cuda" else "top-level aten ops", "reason": None})
-    return out
+                    "what": "device kernels" if device.type == "cuda" else "top-level aten ops" + (
+                        " (inductor's fused C++ kernels are no profiler events)" if "compile" in mode else ""),
+                    "reason": None})
+    return sorted(out, key=lambda k: list(MODES).index(k["mode"]))

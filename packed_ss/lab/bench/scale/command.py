@@ -199,14 +199,14 @@ def run(args, argv: list[str]) -> dict:
         nonmodel = {r["schedule"]: r["nonmodel_ms"] for r in runs if r["batch"] == fit["batch"]}   # the widest
         rows += projection.project(fit, calls, nonmodel, sources, args.widths, cfg.any_order)
     rec.result["projection"] = {"label": "PROJECTION: measured iteration cost x tokens per iteration from an "
-                                         "acceptance profile (random weights accept nothing)",
+                                         "acceptance profile (what the random weights accept means nothing)",
                                 "sources": {k: {"what": v["what"], "width": v["width"]} for k, v in sources.items()},
                                 "rows": rows}
     rec.result["memory"] = resources.memory(model, args.cache_lens, args.batch_sizes, max(args.widths), runs)
+    rec.result["targets"] = report.targets(rec.result)
     rec.save()
     modes, skipped = kernel_modes(args, device.type == "cuda")
     rec.result["kernels"] = resources.kernels(model, modes, skipped, max(args.widths), args.prompt_len)
-    rec.result["targets"] = report.targets(rec.result)
     meta["elapsed_s"], meta["loadavg_end"] = time.time() - started, os.getloadavg()[0]
     rec.save()
     return rec.result

@@ -1,8 +1,9 @@
 """Projected decode throughput per schedule and width: the measured cost of an iteration times the tokens an
 iteration yields by an acceptance profile, and the width `width="auto"` would choose (width.choose_width).
 
-A PROJECTION, not a measurement: the model's weights are random, so its drafts are never right; the tokens per
-iteration come from published NLD-8B figures (SOURCES) or a profile the user gives (--profile, the format of
+A PROJECTION, not a measurement: the model's weights are random, so how often its drafts are right (they
+repeat tokens, and are now and then accepted) says nothing of a trained model; the tokens per iteration come
+from published NLD-8B figures (SOURCES) or a profile the user gives (--profile, the format of
 draft_profile.json, width.read_profile). The published figures are at block 32 (W = 31) only; for the other
 widths a source's profile is the geometric acceptance curve through its point, E(W) = (1 - a^(W+1)) / (1 - a)
 (each draft token right with probability a given the ones before it), which is a model, not a figure.

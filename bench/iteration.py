@@ -12,28 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import packed_ss
+from packed_ss.lab.bench.iteration import iteration_cost, timed
 
 MODES = {"eager": {}, "compile": dict(compile=True), "graph": dict(cuda_graph=True),
          "graph+compile": dict(cuda_graph=True, compile=True)}
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
-
-
-def timed(engine, prompts, new: int, device) -> tuple[float, int]:
-    """(wall seconds, batch iterations) of one generate_batch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    began = time.perf_counter()
-    engine.generate_batch(prompts, max_new_tokens=new, eos_token_id=[])
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - began, engine.runtime.iterations
 
 
 def main(argv=None) -> int:
@@ -55,18 +44,14 @@ def main(argv=None) -> int:
     for mode in modes:
         engine = packed_ss.Engine(model, schedule="packed", width=args.width, **MODES[mode])
         for batch in args.batch_sizes:
-            prompts = [prompt] * batch
-            timed(engine, prompts, args.new, device)                         # warm-up: compile, capture
-            prefill_s, _ = timed(engine, prompts, 1, device)
-            wall_s, iterations = timed(engine, prompts, args.new, device)
-            ms = (wall_s - prefill_s) / max(1, iterations) * 1e3
-            records.append(dict(mode=mode, batch=batch, ms_per_iteration=ms, iterations=iterations,
-                                prefill_share=prefill_s / wall_s, epilogue=engine.epilogue))
-            print(f"{mode:<14} batch {batch:>3}: {ms:7.3f} ms/iteration ({iterations} iterations, prefill "
-                  f"{prefill_s / wall_s:.0%} of the wall, {engine.epilogue} epilogue)", flush=True)
+            cost = iteration_cost(engine, [prompt] * batch, args.new)
+            records.append(dict(mode=mode, batch=batch, **cost))
+            print(f"{mode:<14} batch {batch:>3}: {cost['ms_per_iteration']:7.3f} ms/iteration ({cost['iterations']} "
+                  f"iterations, prefill {cost['prefill_share']:.0%} of the wall, {engine.epilogue} epilogue)",
+                  flush=True)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=activities) as prof:
-            timed(engine, [prompt] * args.batch_sizes[-1], args.new, device)
+            timed(engine, [prompt] * args.batch_sizes[-1], args.new)
         key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
         print(f"-- {mode}, batch {args.batch_sizes[-1]}: the busiest {args.top} by {key}")
         print(prof.key_averages().table(sort_by=key, row_limit=args.top))

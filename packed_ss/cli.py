@@ -29,6 +29,8 @@ FORWARDED = {    # commands that parse their own options (the lab's, the server)
     "bench-any-order": ("lab.bench.any_order", "benchmark the any-order schedules and the threshold decoder"),
     "bench-samplers": ("lab.bench.samplers", "the rejection rule against shared noise (tokens per call, speed)"),
     "bench-serve": ("lab.bench.serve", "the server on loopback against generate_batch (throughput, latency)"),
+    "bench-scale": ("lab.bench.scale", "a released model's dimensions with random weights: latency, roofline, "
+                                       "projected tokens/s"),
     "train-drafter": ("lab.drafter.train", "train a drafting LoRA by self-distillation"),
     "profile-drafter": ("lab.drafter.measure", "measure a drafter's acceptance profile for width='auto'"),
 }

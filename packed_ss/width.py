@@ -64,9 +64,10 @@ _costs: dict[tuple, CallCost] = {}     # per process: (model, device, dtype, bac
 _overheads: dict[tuple, float] = {}    # per process: (model, schedule, epilogue, ...) -> ms per call
 
 
-def read_profile(directory: str | Path) -> dict | None:
-    """The acceptance profile in `directory` (None when there is none)."""
-    file = Path(directory) / PROFILE_FILE
+def read_profile(path: str | Path) -> dict | None:
+    """The acceptance profile in directory `path` (its PROFILE_FILE) or in the file `path` (None when there is
+    none)."""
+    file = Path(path) if Path(path).is_file() else Path(path) / PROFILE_FILE
     if not file.is_file():
         return None
     profile = json.loads(file.read_text())

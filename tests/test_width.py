@@ -119,7 +119,7 @@ def test_call_cost_is_measured_once(model):
 def test_profile_file(tmp_path):
     assert read_profile(tmp_path) is None
     (tmp_path / PROFILE_FILE).write_text(json.dumps(PROFILE))
-    assert read_profile(tmp_path) == PROFILE
+    assert read_profile(tmp_path) == PROFILE == read_profile(tmp_path / PROFILE_FILE)    # the directory or the file
     (tmp_path / PROFILE_FILE).write_text(json.dumps(dict(PROFILE, lagged=[1.0, 2.0])))
     with pytest.raises(ValueError, match="'lagged' must list expected tokens per iteration"):
         read_profile(tmp_path)

@@ -50,10 +50,10 @@ def warm_up(run: Callable[[], None]) -> None:
     torch.cuda.current_stream().wait_stream(side)
 
 
-def capture(run: Callable[[], None]) -> Callable[[], None]:
-    """run() captured in a CUDA graph; returns its replay."""
+def capture(run: Callable[[], None], pool=None) -> Callable[[], None]:
+    """run() captured in a CUDA graph (in memory pool `pool`, default its own); returns its replay."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         run()
     return graph.replay
 

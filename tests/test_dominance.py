@@ -62,7 +62,7 @@ def test_packed_needs_no_more_calls_than_linear(width):
         # c*_k in [0, k] for output position k (1-indexed); c*_k = k means never drafted correctly
         thresholds = [rng.randint(0, k + 1) for k in range(max_len)]
         model = ScriptedModel(3, target, thresholds)
-        engines = {s: packed_ss.Engine(model, schedule=s, width=width) for s in ("packed", "linear")}
+        engines = {s: packed_ss.Engine(model, schedule=s, width=width, drafts="diffusion") for s in ("packed", "linear")}
         for length in range(1, max_len + 1):
             runs = {s: e.generate([1, 2, 3], max_new_tokens=length) for s, e in engines.items()}
             assert runs["packed"].tokens == runs["linear"].tokens == target[:length]
@@ -72,7 +72,8 @@ def test_packed_needs_no_more_calls_than_linear(width):
 def test_scripted_drafter_is_exercised():
     """Sanity: with all thresholds 0 every draft is right, with thresholds k no draft ever is."""
     target = list(range(20))
-    always = packed_ss.Engine(ScriptedModel(3, target, [0] * 20), schedule="packed", width=4)
-    never = packed_ss.Engine(ScriptedModel(3, target, list(range(1, 21))), schedule="packed", width=4)
+    always = packed_ss.Engine(ScriptedModel(3, target, [0] * 20), schedule="packed", width=4, drafts="diffusion")
+    never = packed_ss.Engine(ScriptedModel(3, target, list(range(1, 21))), schedule="packed", width=4,
+                             drafts="diffusion")
     assert always.generate([1, 2, 3], max_new_tokens=20).n_accepted > 10
     assert never.generate([1, 2, 3], max_new_tokens=20).n_accepted == 0

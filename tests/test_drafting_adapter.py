@@ -169,7 +169,8 @@ def test_broken_rule_still_detected_with_adapter(sampling_path, monkeypatch, bro
 
 
 def run(model, schedule, **engine):
-    results = [packed_ss.Engine(model, schedule, width=4, **engine).generate(p, 24, eos_token_id=[]) for p in PROMPTS]
+    engine = packed_ss.Engine(model, schedule, width=4, drafts="diffusion", **engine)     # the adapter's drafts only
+    results = [engine.generate(p, 24, eos_token_id=[]) for p in PROMPTS]
     return [(r.tokens, r.nfe, r.n_accepted) for r in results]
 
 

@@ -23,3 +23,15 @@ EPILOGUES = ["torch", pytest.param("native", marks=pytest.mark.skipif(not native
 @pytest.mark.parametrize("entry", RECORDED, ids=[case_id(e["case"]) for e in RECORDED])
 def test_golden_outputs_unchanged(entry, epilogue):
     assert run(entry["case"], epilogue) == entry["outputs"]
+
+
+GREEDY_SPECULATIVE = [e for e in RECORDED if e["case"]["model"] == "default" and "temperature" not in e["case"]
+                      and e["case"]["schedule"] != "ar"]
+
+
+@pytest.mark.parametrize("entry", GREEDY_SPECULATIVE, ids=[case_id(e["case"]) for e in GREEDY_SPECULATIVE])
+def test_golden_greedy_tokens_with_lookup_drafts(entry):
+    """The recorded greedy tokens again with both drafters (other drafts, other call counts, the same tokens)."""
+    got = run(dict(entry["case"], drafts="both"))
+    assert [r["tokens"] for r in got] == [r["tokens"] for r in entry["outputs"]]
+    assert sum(r["nfe"] for r in got) < sum(r["nfe"] for r in entry["outputs"])   # the lookup drafts were used

@@ -88,6 +88,7 @@ def make_case(seed: int, batch: int):
     f["offset"] = torch.randint(0, 2 ** rng.choice([8, 40, 62]), (batch,), generator=gen)
     f["prompt_len"] = torch.randint(1, 30, (batch,), generator=gen)     # not read by the epilogue
     f["accepted_at"] = torch.randint(0, 9, (batch, width), generator=gen)   # kept by Step.fold, not the epilogue
+    f["context"] = torch.randint(-1, vocab, (batch, 4), generator=gen)      # read by the lookup drafter only
     assert set(f) == set(FIELDS)
     return SimpleCase(mode, dtype, width, vocab, k, params, f, rng, gen)
 

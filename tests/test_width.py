@@ -11,6 +11,7 @@ import packed_ss.engine
 from packed_ss.width import PROFILE_FILE, CallCost, call_cost, choose_width, read_profile, step_overhead
 
 PROFILE = {"width": 6, "lagged": [1.0, 1.5, 2.0, 2.4, 2.6, 2.7], "fresh": [1.8, 2.5, 3.0, 3.3, 3.4, 3.45]}
+DIFFUSION = dict(drafts="diffusion")
 
 
 def test_choice_by_hand():
@@ -40,13 +41,22 @@ def test_engine_reports_the_auto_width(model, monkeypatch):
     monkeypatch.setattr(packed_ss.engine, "call_cost", cost)
     monkeypatch.setattr(packed_ss.engine, "step_overhead", lambda *a: 0.0)
     model.draft_profile = PROFILE
-    assert packed_ss.Engine(model, "packed").width == 4
-    assert packed_ss.Engine(model, "packed", width="auto").width == 4
+    assert packed_ss.Engine(model, "packed", **DIFFUSION).width == 4
+    assert packed_ss.Engine(model, "packed", width="auto", **DIFFUSION).width == 4
     # Linear-SS: two calls of W+1 rows, fresh drafts: 1.8 / 11 < 2.5 / 12 < 3.0 / 13 < 3.3 / 14 > 3.4 / 15
-    assert packed_ss.Engine(model, "linear").width == 4
+    assert packed_ss.Engine(model, "linear", **DIFFUSION).width == 4
     assert seen[0] == [4, 10, 14]     # the smallest, middle and largest of packed's 2(W+1) rows, W = 1..6
     assert packed_ss.Engine(model, "packed", width=2).width == 2
     assert packed_ss.Engine(model, "ar").width == packed_ss.engine.DEFAULT_WIDTH
+    # lookup drafts read their own replays: packed with both drafters 3.5 / 9 < 4.4 / 10 < 5.0 / 11 > 5.4 / 12;
+    # the verify-only schedule, one call of W+1 rows: 2.8 / 7 < 3.2 / 7.5 > 3.3 / 8
+    model.draft_profile = dict(PROFILE, **{"lagged+lookup": [1.5, 2.5, 3.5, 4.4, 5.0, 5.4],
+                                           "lookup": [1.7, 2.3, 2.8, 3.2, 3.3, 3.4]})
+    assert packed_ss.Engine(model, "packed", drafts="both").width == 5
+    assert packed_ss.Engine(model, "lookup").width == 4
+    assert packed_ss.Engine(model, "packed", **DIFFUSION).width == 4
+    model.draft_profile = PROFILE                  # a profile without lookup replays: the fixed default
+    assert packed_ss.Engine(model, "packed", drafts="both").width == packed_ss.engine.DEFAULT_WIDTH
     model.draft_profile = None
     assert packed_ss.Engine(model, "packed").width == packed_ss.engine.DEFAULT_WIDTH
 
@@ -62,7 +72,7 @@ def test_step_overhead_favours_wider_calls(model, monkeypatch):
         return 6.0
     monkeypatch.setattr(packed_ss.engine, "step_overhead", overhead)
     model.draft_profile = PROFILE
-    assert packed_ss.Engine(model, "packed").width == 5
+    assert packed_ss.Engine(model, "packed", **DIFFUSION).width == 5
     (result, model_ms), = probed
     assert len(result.tokens) == 3 and model_ms == 5.0 + 0.5 * 4     # probed at W = 1: one call of 4 rows
     monkeypatch.setattr(packed_ss.engine, "step_overhead", lambda *a: pytest.fail("probed without a profile"))

@@ -61,6 +61,8 @@ def run(case, epilogue: str = "torch") -> list[dict]:
                          packed_ss.load_tokenizer(packed_ss.default_model_path(kind)))
     model, tok = _models[kind]
     opts = {k: case[k] for k in ("schedule", "width", "order") if case.get(k) is not None}
+    if kind == "default" and case["schedule"] != "ar":
+        opts["drafts"] = case.get("drafts", "diffusion")   # recorded before lookup drafts (tests/test_lookup.py)
     engine = packed_ss.Engine(model, epilogue=epilogue, **opts)
     kwargs = {k: case[k] for k in ("temperature", "top_k", "top_p", "seed", "stop_token_ids", "stop_sequences")
               if k in case}

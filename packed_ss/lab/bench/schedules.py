@@ -144,8 +144,9 @@ def run(args) -> dict:
 
 
 def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n_prompts: int) -> dict:
-    """Per (method, width, temperature) aggregates, paired intervals against Linear-SS and against our AR,
-    and the cost model against Linear-SS.
+    """Per (method, width, temperature) aggregates, paired intervals against Linear-SS, against our AR and against
+    transformers' prompt lookup (at the same width; for width "auto", at the widest one run), and the cost model
+    against Linear-SS.
 
     Width-free methods (ar, hf) are compared with Linear-SS at every width.
     """
@@ -157,7 +158,9 @@ def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n
         ar = per_prompt(groups[("ar", None)], n_prompts) if ("ar", None) in groups else None
         for w in args.widths:
             linear = per_prompt(groups[("linear", w)], n_prompts)
-            peer = per_prompt(groups[("hf-lookup", w)], n_prompts) if ("hf-lookup", w) in groups else None
+            peers = [m.width for m in methods if m.name == "hf-lookup"]      # the same width, else the widest
+            peer_w = w if w in peers else max(peers, default=None)
+            peer = per_prompt(groups[("hf-lookup", peer_w)], n_prompts) if peers else None
             linear_cost = cost_model(by_key[("linear", w)], groups[("linear", w)], latency)
             for key, m in by_key.items():
                 if m.width not in (w, None):
@@ -169,7 +172,7 @@ def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n
                     row["vs_linear"] = paired(per_prompt(groups[key], n_prompts), linear, counts)
                 if ar is not None and key != ("ar", None):
                     row["vs_ar"] = paired(per_prompt(groups[key], n_prompts), ar, counts)
-                if peer is not None and key != ("hf-lookup", w):
+                if peer is not None and key != ("hf-lookup", peer_w):
                     row["vs_hf_lookup"] = paired(per_prompt(groups[key], n_prompts), peer, counts)
                 summary.append(row)
                 if isinstance(m, Ours):

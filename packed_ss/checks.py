@@ -55,8 +55,7 @@ def check_drafts(model, schedule: str, drafts: str | None) -> str | None:
     if model.cfg.mask_token_id is None:
         raise ValueError(f"schedule {schedule!r} feeds the model mask rows, and this model has no drafting mode (no "
                          "mask_token_id in its config.json): use schedule='lookup' (n-gram drafts) or 'ar'")
-    drafts = drafts or DRAFTS
-    return drafts
+    return drafts or DRAFTS
 
 
 def check_request(engine, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,

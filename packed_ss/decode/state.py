@@ -72,10 +72,10 @@ class DecodeState(DeviceState):
     was drawn from (unused under greedy decoding). `stop_ids` [S] are one-token stops (padded with -1, which
     no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
     on the left with -1 (matches anything). `n_bonus` counts the verifications that accepted a whole
-    non-empty draft and appended the bonus token drawn after it, `accepted_at[k]` the verifications that accepted
-draft token k (runtime/program.py: Step.fold). `context` [C]: the prompt's last C tokens, right-aligned after
--1s, that the lookup drafter searches with the output (C = 0 without it; decode/lookup.py). `prompt_len`: the prompt's length (positions
-    prompt_len + j hold output token j). The host reads nothing of it but the
+    non-empty draft and appended the bonus token drawn after it, `accepted_at[k]` the verifications that
+    accepted draft token k (runtime/program.py: Step.fold). `context` [C]: the prompt's last C tokens,
+    right-aligned after -1s, that the lookup drafter searches with the output (C = 0 without it;
+    decode/lookup.py). `prompt_len`: the prompt's length (positions prompt_len + j hold output token j). The host reads nothing of it but the
     runtime's poll.
     """
     cache_len: torch.Tensor
@@ -116,6 +116,7 @@ draft token k (runtime/program.py: Step.fold). `context` [C]: the prompt's last 
 
         def row(t: torch.Tensor) -> torch.Tensor:
             return t[None]
+        kept = list(context)[-context_len:] if context_len else []
         stop = sorted(stop_ids)
         if stop_slots is not None:
             if len(stop) > stop_slots:
@@ -138,8 +139,7 @@ draft token k (runtime/program.py: Step.fold). `context` [C]: the prompt's last 
             stop_seqs=torch.tensor(seqs, dtype=torch.int64, device=device).view(1, n_seq, seq_len),
             max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0),
             accepted_at=torch.zeros(1, width, dtype=torch.int64, device=device),
-            context=row(torch.tensor(([-1] * context_len + list(context))[len(context):] if context_len else [],
-                                     dtype=torch.int64, device=device)),
+            context=row(torch.tensor([-1] * (context_len - len(kept)) + kept, dtype=torch.int64, device=device)),
             prompt_len=scalar(prompt_len),
         )
 

@@ -8,7 +8,8 @@ may write past the output, and optionally `entry`, the step a request's first it
 host polls after the last step of every iteration. Its state is a dataclass of device tensors, each with a
 leading batch dimension (a row per request: `new_state` makes a batch of one, `DeviceState.cat` stacks them),
 with at least `done`, `n_out`, `out` (out[b, :n_out[b]] is final output), `nfe`, `n_verify`, `n_accepted`,
-`n_bonus`, `accepted_at` [B, W] (verifications that accepted draft position k, kept by `Step.fold`), and may have `hold` (set by a step when the host must run `program.resume` before the next iteration). Steps are
+`n_bonus`, `accepted_at` [B, W] (verifications that accepted draft position k, kept by `Step.fold`), and may
+have `hold` (set by a step when the host must run `program.resume` before the next iteration). Steps are
 fixed-shape, read nothing on the host, and change nothing once the state is done (or held).
 """
 from __future__ import annotations

@@ -8,8 +8,8 @@ Linear-SS, Quadratic-SS), when it verifies the previous call's proposal, shifted
 accepted ("lagged": Packed-SS, paper Alg. 1), and, for any-order models, when it verifies the branch drafted
 before the correction token ("branch": their Quadratic-SS), and, left to right, with lookup drafts
 (decode/lookup.py, from the current prefix, the continuation counting as output): alone ("lookup") or
-where the lookup finds a match ("fresh+lookup", "lagged+lookup": drafts="both"). A width-w draft is taken as the first w tokens of the width-W
-draft (one drafting call per prefix instead of W; the mask rows of a narrower call see fewer masks, so this
+where the lookup finds a match ("fresh+lookup", "lagged+lookup": drafts="both"). A width-w draft is taken as
+the first w tokens of the width-W draft (one drafting call per prefix instead of W; the mask rows of a narrower call see fewer masks, so this
 is an approximation, checked against the engine by the benchmark). `width="auto"` (packed_ss/width.py)
 reads the profile.
 """
@@ -87,15 +87,17 @@ def acceptance(model, sequences: list[tuple[int, torch.Tensor]], max_width: int,
             hits += (drafts == truth).sum(0)
             at_least += (h[:, None] >= slots + 1).sum(0)
             n_drafts, mean_h = n_drafts + len(h), mean_h + float(h.sum())
-            lookup = None if any_order else lookup_drafts(seq.cpu(), starts.cpu(), max_width)
+            host = seq.cpu()
+            lookup = None if any_order else lookup_drafts(host, starts.cpu(), max_width)
             none = torch.full_like(drafts, -1)                  # lookup alone: no draft without a match
             for width in range(1, max_width + 1):
                 for kind in totals:
-                    base, _, with_lookup = kind.partition("+")
-                    args = (none, seq.cpu(), first, width, "fresh") if kind == "lookup" else (
-                        drafts, seq.cpu(), first, width, base, any_order)
-                    totals[kind][width - 1] += torch.tensor(replay(*args, lookup=lookup if kind == "lookup" or
-                                                                   with_lookup else None))
+                    base, _, joined = kind.partition("+")
+                    if kind == "lookup":
+                        got = replay(none, host, first, width, "fresh", lookup=lookup)
+                    else:
+                        got = replay(drafts, host, first, width, base, any_order, lookup if joined else None)
+                    totals[kind][width - 1] += torch.tensor(got)
     n = max(n_drafts, 1)
     rounded = lambda t: [round(float(x), 4) for x in t]  # noqa: E731
     return {"width": max_width, "drafts": n_drafts, "slot_accuracy": rounded(hits / n),

@@ -52,6 +52,8 @@ def check_drafts(model, schedule: str, drafts: str | None) -> str | None:
         if drafts not in (None, "lookup"):
             raise ValueError(f"drafts={drafts!r}: schedule 'lookup' drafts by lookup alone")
         return "lookup"
+    if schedule == "adaptive" and model.cfg.mask_token_id is None and drafts in (None, "lookup"):
+        return "lookup"     # a causal model: AR and lookup shapes
     if model.cfg.mask_token_id is None:
         raise ValueError(f"schedule {schedule!r} feeds the model mask rows, and this model has no drafting mode (no "
                          "mask_token_id in its config.json): use schedule='lookup' (n-gram drafts) or 'ar'")

@@ -15,6 +15,7 @@ from .checks import check_drafts, check_int, check_request, check_requests
 from .decode.any_order import ORDERS
 from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.epilogue import EPILOGUES, make_epilogue, native_unavailable_reason
+from .decode.policy import COST_BATCH, Policy, shapes_for
 from .decode.sampling import SamplingParams
 from .decode.schedules import SCHEDULES
 from .decode.shared_noise import SharedNoise
@@ -33,6 +34,7 @@ PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for wi
 
 
 SAMPLERS = ("rejection", "gumbel")
+ADAPTIVE = "adaptive"
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,14 @@ class Engine:
     def __init__(self, model: DualModeModel, schedule: str | None = None, width: int | str | None = "auto",
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
                  epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, sampler: str = "rejection", kv_cache_bytes: int | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK, sampler: str | None = None, kv_cache_bytes: int | None = None,
                  drafts: str | None = None):
-        """`schedule`: "packed" (the default), "linear", "quadratic", "ar", or "lookup" (drafts by n-gram lookup
-        alone, verified in one causal call: the default for a model without a drafting mode, no mask_token_id).
+        """`schedule`: "adaptive" (the default for left-to-right models), "packed" (for any-order ones), "linear",
+        "quadratic", "ar", or "lookup" (drafts by n-gram lookup alone, verified in one causal call).
+        "adaptive" picks each iteration's call among a few prebuilt shapes - AR, lookup drafts verified alone,
+        Packed-SS - by what each draft source has earned for each request and what rows cost at the batch size
+        (decode/policy.py); its `width` is the widest shape's, and it samples under shared noise, where the
+        output does not depend on the shapes chosen (`sampler` "gumbel", its default).
         `drafts` (packed, linear, quadratic): where drafts come from, "diffusion" (the model's mask rows),
         "lookup" (the continuation of the latest n-gram match in the prompt and output, decode/lookup.py) or
         "both" (the lookup draft where there is a match, the diffusion proposal elsewhere); default checks.DRAFTS.
@@ -64,7 +70,8 @@ class Engine:
         install, model and setting (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the
         same tokens in every process.
         `sampler`: how a sampled request (temperature > 0) verifies drafts; both give the AR distribution
-        exactly. "rejection": the paper's Alg. 2 (accept d with probability min(1, p(d)/q(d)), the residual
+        exactly (default: "gumbel" for the adaptive schedule, which needs it, "rejection" otherwise). "rejection":
+        the paper's Alg. 2 (accept d with probability min(1, p(d)/q(d)), the residual
         draw at a rejection; each draft's distribution is stored). "gumbel": shared noise (decode/shared_noise.py):
         target and drafter sample by Gumbel-max with noise keyed by (seed, output position, token), so a
         seeded request returns the same tokens under every schedule, width and batch (those of
@@ -93,7 +100,7 @@ class Engine:
         """
         any_order = model.cfg.any_order
         schedules = ANY_ORDER_SCHEDULES if any_order else SCHEDULES
-        schedule = schedule or ("packed" if model.cfg.mask_token_id is not None else "lookup")
+        schedule = schedule or ("packed" if any_order else ADAPTIVE)
         if schedule not in schedules:
             kind = "an any-order" if any_order else "this (left-to-right)"
             raise ValueError(f"schedule must be one of {sorted(schedules)} for {kind} model, got {schedule!r}")
@@ -106,8 +113,13 @@ class Engine:
         auto = width is None or width == "auto"
         if not auto:
             check_int("width", width, 1, MAX_WIDTH)
+        sampler = sampler or ("gumbel" if schedule == ADAPTIVE else "rejection")
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if schedule == ADAPTIVE and sampler != "gumbel":
+            raise ValueError(f"sampler={sampler!r}: the adaptive schedule samples under shared noise ('gumbel'), "
+                             "where a request's tokens do not depend on the shapes chosen; pick a fixed schedule "
+                             "(e.g. schedule='packed') for the rejection sampler")
         if epilogue is not None and epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {tuple(EPILOGUES)} or None, got {epilogue!r}")
         if cuda_graph and model.device.type != "cuda":
@@ -128,7 +140,23 @@ class Engine:
                                prefill_chunk, kv_cache_bytes)
         self._programs: dict[SamplingParams, object] = {}
         self.width_source = "given"
-        self.width = self._auto_width() if auto else width
+        if schedule == ADAPTIVE:
+            self.width = self._adaptive_width() if auto else width
+            self.policy = self._policy()
+        else:
+            self.width = self._auto_width() if auto else width
+
+    def _adaptive_width(self) -> int:
+        """The adaptive schedule's widest shape: the acceptance profile's width (the model's `block_size - 1` at
+        most), else DEFAULT_WIDTH."""
+        cfg, profile = self.model.cfg, self.model.draft_profile
+        limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
+        self.width_source = "adaptive: the profile's width" if profile else "adaptive: default"
+        return min(limit, profile["width"] if profile else DEFAULT_WIDTH)
+
+    def _policy(self) -> Policy:
+        """The adaptive schedule's shapes and priors (the acceptance profile); each program measures its costs."""
+        return Policy.from_profile(shapes_for(self.width, self.drafts), self.model.draft_profile)
 
     def _auto_width(self) -> int:
         """width="auto" (width.py): the profile's best width on this device, measured once per machine and
@@ -197,9 +225,14 @@ class Engine:
         ending = make_epilogue(epilogue, self.model.device, width, base)
         if self.any_order:
             program = ANY_ORDER_SCHEDULES[self.schedule_name](self.model, width, base, ending, self.order)
+        elif self.schedule_name == ADAPTIVE:
+            program = SCHEDULES[ADAPTIVE](self.model, width, base, ending, self.drafts, policy=self.policy)
         else:
             program = SCHEDULES[self.schedule_name](self.model, width, base, ending, self.drafts)
-        return SharedNoise(program, params) if shared else program
+        sampled = SharedNoise(program, params) if shared else program
+        if self.schedule_name == ADAPTIVE:      # what its iterations cost, noise included, once per program
+            program.policy = self.policy.measured(self.runtime.shape_costs(sampled, (1, COST_BATCH)))
+        return sampled
 
     # -- requests --------------------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,

@@ -60,7 +60,11 @@ class SharedNoise:
             raise ValueError("shared-noise sampling runs a greedy program")
         self.program, self.params = program, params
         self.race = noise_race if isinstance(program.epilogue, NativeEpilogue) else torch_race
-        self.steps = [self.perturbed(step) for step in program.steps]
+        if hasattr(program, "shapes"):         # an adaptive program: each call shape's steps
+            self.shapes = [[self.perturbed(step) for step in steps] for steps in program.shapes]
+            self.steps = self.shapes[0]
+        else:
+            self.steps = [self.perturbed(step) for step in program.steps]
 
     def __getattr__(self, name):
         return getattr(self.program, name)

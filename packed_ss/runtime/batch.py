@@ -66,7 +66,7 @@ class Batch:
         self.clock = Clock()
         self.shared_cache = True                     # on the runtime's shared cache (set by Runtime.hold)
         self.size = 0                                # the first `size` slots take part in the calls
-        self._iterations: dict[int, tuple[Callable[[], None], Callable[[], None]]] = {}
+        self._iterations: dict[tuple[int, int], tuple[Callable[[], None], Callable[[], None]]] = {}
 
     @property
     def slots(self) -> int:
@@ -80,11 +80,13 @@ class Batch:
         """The state of the slots that take part in the calls (views)."""
         return self.state.rows(0, self.size)
 
-    def _build(self, size: int):
-        """(first, full) iterations over the first `size` slots: every step, then the publish."""
+    def _build(self, size: int, shape: int):
+        """(first, full) iterations over the first `size` slots: every step of call shape `shape` (a program
+        with `shapes` offers several, each a list of steps; others have their `steps`), then the publish."""
         runtime, st = self.runtime, self.state.rows(0, size)
         cache = self.cache.rows(0, size)
-        runners = [runtime.runner(step, st, cache, self.clock) for step in self.program.steps]
+        steps = self.program.shapes[shape] if hasattr(self.program, "shapes") else self.program.steps
+        runners = [runtime.runner(step, st, cache, self.clock) for step in steps]
 
         def iteration(runs) -> Callable[[], None]:
             def run_all() -> None:
@@ -97,12 +99,14 @@ class Batch:
         entry = getattr(self.program, "entry", 0)
         return (full if entry == 0 else iteration(runners[entry:])), full
 
-    def iterate(self, first: bool) -> None:
-        """One iteration; the batch's first starts at the program's `entry` step (Linear-SS: its prefills
-        drafted already, so the first iteration only verifies, and no draft call follows the last one)."""
-        if self.size not in self._iterations:
-            self._iterations[self.size] = self._build(self.size)
-        self._iterations[self.size][0 if first else 1]()
+    def iterate(self, first: bool, shape: int = 0) -> None:
+        """One iteration in call shape `shape`; the batch's first starts at the program's `entry` step
+        (Linear-SS: its prefills drafted already, so the first iteration only verifies, and no draft call
+        follows the last one)."""
+        key = (self.size, shape)
+        if key not in self._iterations:
+            self._iterations[key] = self._build(self.size, shape)
+        self._iterations[key][0 if first else 1]()
 
     def move(self, src: int, dst: int) -> None:
         """The request in slot `src` continues in slot `dst` (device copies); `src` is left done."""

@@ -17,6 +17,7 @@ other holds it).
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from typing import Callable, Iterator
@@ -36,6 +37,7 @@ MODES = ("eager", "compile", "graph")
 # against one code object: programs (sampling settings, widths) x steps x padded batch sizes.
 RECOMPILE_LIMIT = 64
 PREFILL_CHUNK = 1024   # prompt tokens per prefill call at most (Runtime)
+COST_REPS = 5          # timed iterations per shape and batch size (Runtime.shape_costs)
 
 
 class Runtime:
@@ -124,6 +126,35 @@ class Runtime:
             return lambda: compiled(st, cache)
         timed = clock if self.mode == "eager" else None
         return lambda: self.call(step, st, cache, timed)
+
+    @torch.inference_mode()
+    def shape_costs(self, program, batch_sizes: tuple[int, ...], cached: int = CACHE_QUANTUM) -> list[tuple]:
+        """ms of one eager iteration in each of a program's call shapes (`shapes`: an adaptive program's), its
+        inputs, model call and whole update, at each of `batch_sizes`, over `cached` cached tokens with a full
+        draft: the median of COST_REPS, each from the same state. For the cost model an adaptive program bets
+        with (decode/policy.py), measured once when it is built."""
+        sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
+        prompt = [2 + i % 64 for i in range(cached)]
+        costs = [[] for _ in program.shapes]
+        for batch in batch_sizes:
+            one = program.new_state(Request(prompt, 8, 0, [], []))
+            start = type(one).cat([one] * batch)
+            start.cache_len.fill_(cached)
+            start.draft_len.fill_(program.width)
+            st = type(one).cat([start])                   # a copy, reset before every iteration
+            cache = self.model.new_cache(cached + program.reserve, batch=batch)
+            for steps, cost in zip(program.shapes, costs):
+                times = []
+                for _ in range(COST_REPS + 2):
+                    st.copy_(start)
+                    sync()
+                    t0 = time.perf_counter()
+                    for step in steps:
+                        self.call(step, st, cache, None)
+                    sync()
+                    times.append(time.perf_counter() - t0)
+                cost.append(1e3 * statistics.median(times[2:]))
+        return [tuple(c) for c in costs]
 
     # -- the cache -------------------------------------------------------------------------------------
     def cache_for(self, capacity: int, slots: int = 1, private: bool = False) -> KVCache:

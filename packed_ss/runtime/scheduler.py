@@ -90,6 +90,7 @@ class Scheduler:
         self.batch: Batch | None = None
         self.running: list[Running | None] = []
         self.prefilling: dict[int, Prefilling] = {}  # slot -> a long prompt entering its cache, oldest first
+        self.shape = 0                               # the call shape the program chose last (poll table)
         self.iterations = self.slot_iterations = 0   # of the current (or last) busy period
         self.model_s = 0.0                           # model-call time of the last busy period (eager)
         self._limit = 0                              # iterations the busy period's requests may take at most
@@ -144,6 +145,8 @@ class Scheduler:
                     poll.issue()
                 with checked:
                     status = poll.read() if poll.due else None
+                    if status is not None:
+                        self.shape = self._chosen_shape(status)
                     if self._may_iterate(status):
                         self.iterations += 1
                         if self.iterations > self._limit:
@@ -152,7 +155,7 @@ class Scheduler:
                         live = [r for r in self.running if r is not None]
                         for r in live if len(live) > 1 else ():
                             r.shared = True
-                        batch.iterate(first=self.iterations == 1)
+                        batch.iterate(first=self.iterations == 1, shape=self.shape)
                         poll.issue()
                 if status is not None:
                     self._deliver(status)
@@ -169,6 +172,12 @@ class Scheduler:
         live = any(r is not None and (b is None or not status.done[b]) for r, b in zip(self.running, seen))
         held = any(b is not None and status.hold[b] and not status.done[b] for b in seen)
         return live and not held
+
+    def _chosen_shape(self, status) -> int:
+        """The shape an adaptive program chose for the batch (every row of a full iteration holds it; the rows
+        of requests that joined by prefill may hold their own choice until then: the widest wins)."""
+        seen = [r.slot_at(status.seq) for r in self.running if r is not None]
+        return max((status.shape[b] for b in seen if b is not None), default=self.shape)
 
     def _deliver(self, status) -> None:
         """Hand out a table's tokens and results; resume held requests; free finished requests' slots."""

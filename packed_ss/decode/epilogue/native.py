@@ -9,6 +9,7 @@ why not (not built, built without CUDA, no GPU).
 from __future__ import annotations
 
 import importlib
+from dataclasses import fields
 
 import torch
 
@@ -144,7 +145,7 @@ class NativeEpilogue(Epilogue):
         if bound is not None and bound[0] is st:
             return bound[1]
         w = self.width
-        t = st.tensors()
+        t = {f.name: getattr(st, f.name) for f in fields(DecodeState)}   # a subclass's extra fields are not ours
         batch = st.cache_len.shape[0] if st.cache_len.dim() == 1 else -1
         if batch < 0:
             raise ValueError(f"DecodeState.cache_len must be [B], got shape {tuple(st.cache_len.shape)}")

@@ -1,0 +1,181 @@
+"""The adaptive schedule (decode/schedules/adaptive.py) and its policy (decode/policy.py): whatever call shapes
+the policy picks, greedy output equals AR's and a seeded sampled request returns its AR sample (shared noise), and
+batched equals alone. A policy forced to switch shapes at every iteration shows the switches are safe; the
+policy's statistics and choice are checked on states built by hand."""
+import json
+
+import pytest
+import torch
+from tiny_models import checkpoint
+
+import packed_ss
+from packed_ss.decode.epilogue import native_available
+from packed_ss.decode.policy import RATE, Policy, Shape, shapes_for
+from packed_ss.decode.sampling import SamplingParams
+from packed_ss.runtime import Request
+from packed_ss.runtime.batch import Batch
+
+
+class Cycling(Policy):
+    """Switches shape at every iteration (the shape after a request's n-th call is n mod S), whatever it earns."""
+
+    def choose(self, st, length, found):
+        st.shape.copy_((st.nfe.max() % len(self.shapes)).expand_as(st.shape))
+
+
+def cycling(engine):
+    engine.policy = Cycling.from_profile(engine.policy.shapes, engine.model.draft_profile)
+    return engine
+
+
+@pytest.fixture
+def shapes_run(monkeypatch):
+    """The call shapes the batches iterate in, in order."""
+    seen, iterate = [], Batch.iterate
+
+    def recording(self, first, shape=0):
+        seen.append(shape)
+        return iterate(self, first, shape)
+    monkeypatch.setattr(Batch, "iterate", recording)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    model = packed_ss.load_model()
+    tok = packed_ss.load_tokenizer(packed_ss.model.loading.default_model_path())
+    rows = [json.loads(line) for line in open("bench/humaneval-32.jsonl")][:3]
+    return model, [tok.encode(r["prompt"]).ids for r in rows]
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    return packed_ss.load_model(checkpoint("llama-gqa"), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("epilogue", ["torch", "native"])
+@pytest.mark.parametrize("drafts", ["both", "lookup", "diffusion"])
+def test_switching_every_iteration_keeps_greedy_output(shipped, shapes_run, drafts, epilogue):
+    if epilogue == "native" and not native_available("cpu"):
+        pytest.skip("the native epilogue is not built")
+    model, prompts = shipped
+    ar = packed_ss.Engine(model, schedule="ar").generate_batch(prompts, max_new_tokens=48)
+    engine = cycling(packed_ss.Engine(model, width=5, drafts=drafts, epilogue=epilogue))
+    alone = [engine.generate(p, max_new_tokens=48) for p in prompts]
+    batched = engine.generate_batch(prompts, max_new_tokens=48)
+    assert [r.tokens for r in alone] == [r.tokens for r in ar] == [r.tokens for r in batched]
+    assert set(shapes_run) == set(range(len(engine.policy.shapes)))      # every shape ran, switching each time
+    assert sum(a != b for a, b in zip(shapes_run, shapes_run[1:])) > len(shapes_run) // 2
+    assert max(r.n_accepted for r in alone) > 0                           # drafts were accepted on the way
+
+
+@pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.8, top_k=10),
+                                     dict(temperature=1.2, top_p=0.9)], ids=["T1", "T0.8,k10", "T1.2,p0.9"])
+@pytest.mark.parametrize("policy", ["cycling", "default"])
+def test_sampled_request_returns_its_ar_sample(random_model, setting, policy):
+    """Shared noise: the same tokens as schedule="ar" for a seed, alone and batched, however the shapes switch."""
+    prompts = [[3, 17, 42, 8, 9], list(range(1, 20)), [9, 9, 9, 9, 9, 9], [60, 3]]
+    ar = packed_ss.Engine(random_model, schedule="ar", sampler="gumbel")
+    want = [ar.generate(p, 30, eos_token_id=[], seed=7 + i, **setting).tokens for i, p in enumerate(prompts)]
+    engine = packed_ss.Engine(random_model, width=4)
+    if policy == "cycling":
+        cycling(engine)
+    assert engine.sampler == "gumbel"
+    alone = [engine.generate(p, 30, eos_token_id=[], seed=7 + i, **setting).tokens for i, p in enumerate(prompts)]
+    batched = engine.generate_batch(prompts, 30, eos_token_id=[], seed=7, batch_size=3, **setting)
+    assert alone == want == [r.tokens for r in batched]
+
+
+def test_greedy_default_equals_ar_on_float64(random_model):
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [1, 2, 3], list(range(30, 60))]
+    ar = packed_ss.Engine(random_model, schedule="ar").generate_batch(prompts, 40, eos_token_id=[])
+    got = packed_ss.Engine(random_model).generate_batch(prompts, 40, eos_token_id=[])
+    assert [r.tokens for r in got] == [r.tokens for r in ar]
+
+
+# -- the policy on states built by hand -------------------------------------------------------------------------
+def state(policy: Policy, batch: int = 1, out=(), prompt=(0,)):
+    program_width = policy.width
+    from packed_ss.decode.state import DecodeState
+    one = DecodeState.new(program_width, 1, 64, [], 0, "cpu", prompt_len=len(prompt))
+    st = policy.new_state(type(one).cat([one] * batch))
+    st.out[:, :len(out)] = torch.tensor(out, dtype=torch.int64)
+    st.n_out.fill_(len(out))
+    return st
+
+
+def test_a_probe_is_scored_against_the_emitted_tokens():
+    policy = Policy.from_profile(shapes_for(4, "lookup"), None)
+    st = state(policy, out=[5, 6])
+    st.probe[0] = torch.tensor([5, 6, 9, 9])
+    st.probe_len.fill_(3)
+    prior = st.look_hit.clone()
+    new = torch.tensor([[1, 2, 3, 4]])
+    policy.score_lookup(st, new, torch.tensor([2]), torch.tensor([True]))
+    assert torch.equal(st.look_hit, prior) and st.probe_at.item() == 0     # two of three compared, both right
+    st.out[0, 2] = 7
+    st.n_out.fill_(3)
+    policy.score_lookup(st, new, torch.tensor([2]), torch.tensor([True]))
+    hit = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    want = prior + RATE * (hit - prior)
+    want[0, 3] = prior[0, 3]                                                 # past the probe: not observed
+    assert torch.allclose(st.look_hit, want)
+    assert st.probe[0].tolist() == [1, 2, 3, 4] and st.probe_len.item() == 2 and st.probe_at.item() == 3
+
+
+def test_no_draft_found_probes_nothing():
+    policy = Policy.from_profile(shapes_for(4, "lookup"), None)
+    st = state(policy, out=[5])
+    prior = st.look_hit.clone()
+    policy.score_lookup(st, torch.tensor([[1, 2, 3, 4]]), torch.tensor([4]), torch.tensor([False]))
+    assert torch.equal(st.look_hit, prior) and st.probe_len.item() == 0 and st.probe_at.item() == 1
+
+
+@pytest.mark.parametrize("hit,batch,want", [
+    (0.95, 1, Shape("lookup", 16)),     # lookup drafts right deep down: the widest lookup call pays
+    (0.05, 1, Shape("ar", 0)),          # rarely right: AR
+    (0.9, 1, Shape("lookup", 16)),
+    (0.9, 8, Shape("lookup", 3)),       # the same bet at batch 8, where wide calls cost more: a narrow one
+])
+def test_the_choice_weighs_expected_tokens_against_cost(hit, batch, want):
+    shapes = shapes_for(16, "both")
+    # ms per iteration at batch 1 and 8: rows cost little alone, much in a batch of eight
+    costs = [(1.0 + 0.05 * s.rows, 8.0 + 2.0 * s.rows) for s in shapes]
+    policy = Policy.from_profile(shapes, None).measured(costs)
+    st = state(policy, batch)
+    st.look_hit.copy_(hit ** torch.arange(1, 17.0))      # draft token k right with probability hit^(k+1)
+    st.diffusion.fill_(1.0)
+    policy.choose(st, torch.full((batch,), 16), torch.ones(batch, dtype=torch.bool))
+    assert shapes[st.shape[0].item()] == want and (st.shape == st.shape[0]).all()
+
+
+def test_diffusion_estimates_drift_back_to_their_prior():
+    """A request that left the packed shapes keeps an estimate that returns to the prior: it tries them again."""
+    policy = Policy.from_profile(shapes_for(4, "both"), {"lagged": [1.0, 1.5, 1.8, 2.0], "width": 4})
+    st = state(policy)
+    packed = policy.packed[-1]
+    for _ in range(3):
+        st.ran.fill_(packed)
+        policy.observe(st, packed, torch.tensor([1]), torch.tensor([False]))     # one token per packed call
+    low = st.diffusion[0, -1].item()
+    assert low < 2.0
+    for _ in range(200):
+        policy.observe(st, 0, torch.tensor([1]), torch.tensor([False]))           # AR runs
+    assert low < st.diffusion[0, -1].item() == pytest.approx(2.0, abs=1e-3)
+
+
+def test_the_state_carries_the_choice_through_the_status_table(shipped):
+    model, prompts = shipped
+    engine = packed_ss.Engine(model, width=4)
+    program = engine.program(SamplingParams())
+    st = program.new_state(Request(prompts[0], 8, 0, [], []))
+    assert st.shape.shape == (1,) and st.look_hit.shape == (1, 4)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(sampler="rejection"), "samples under shared noise"),
+    (dict(schedule="adaptive", drafts="ngram"), "drafts must be one of"),
+])
+def test_bad_options(shipped, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        packed_ss.Engine(shipped[0], **kwargs)

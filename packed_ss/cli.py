@@ -27,6 +27,8 @@ FORWARDED = {    # commands that parse their own options (the lab's, the server)
     "serve": ("serve.cli", "serve a model behind an OpenAI-compatible HTTP API (the serve extra)"),
     "bench": ("lab.bench.schedules", "benchmark the schedules (throughput, intervals, peers)"),
     "bench-any-order": ("lab.bench.any_order", "benchmark the any-order schedules and the threshold decoder"),
+    "bench-adaptive": ("lab.bench.adaptive", "the default (adaptive) engine against AR and the best fixed "
+                                             "configuration, per sampling setting and batch size"),
     "bench-samplers": ("lab.bench.samplers", "the rejection rule against shared noise (tokens per call, speed)"),
     "bench-serve": ("lab.bench.serve", "the server on loopback against generate_batch (throughput, latency)"),
     "bench-scale": ("lab.bench.scale", "a released model's dimensions with random weights: latency, roofline, "
@@ -34,6 +36,13 @@ FORWARDED = {    # commands that parse their own options (the lab's, the server)
     "train-drafter": ("lab.drafter.train", "train a drafting LoRA by self-distillation"),
     "profile-drafter": ("lab.drafter.measure", "measure a drafter's acceptance profile for width='auto'"),
 }
+
+def width_label(engine: Engine) -> str:
+    """What the width means for an engine: none for AR, the widest shape for adaptive."""
+    if engine.schedule_name == "ar":
+        return "one token per call"
+    return f"W up to {engine.width}" if engine.schedule_name == "adaptive" else f"W={engine.width}"
+
 
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -59,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompts-file", type=Path, default=None,
                      help="decode many prompts together instead: a JSONL file, one object per line with a "
                           "'prompt' string (HumanEval's format works as is) and optionally 'max_new_tokens' and "
-                          "'seed'; one schedule (packed unless --schedule names another), one JSON line per "
+                          "'seed'; one schedule (the default, adaptive, unless --schedule names another), one JSON line per "
                           "prompt on stdout (index, completion, tokens, nfe), the throughput on stderr")
     gen.add_argument("--batch-size", type=_positive_int, default=8,
                      help="with --prompts-file: requests decoded at once, one model call per step for all of "
@@ -70,8 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "'any-order' (its SetDLM-style any-order sibling)")
     gen.add_argument("--schedule", choices=["all", *SCHEDULES, "threshold"], default="all",
                      help="schedule to run: ar (one token per call), linear (draft call + verify call), "
-                          "quadratic (one call, B(B+1) rows), packed (one call, 2B rows), threshold (any-order "
-                          "models only: the confidence-threshold decoder), or all (default)")
+                          "quadratic (one call, B(B+1) rows), packed (one call, 2B rows), lookup (n-gram drafts, "
+                          "W+1 rows), adaptive (the engine's default: each iteration the shape - AR, lookup or "
+                          "packed, narrow or wide - its per-request statistics and the measured call costs "
+                          "favour), threshold (any-order models only: the confidence-threshold decoder), or all "
+                          "(default)")
     gen.add_argument("--order", choices=ORDERS, default=None,
                      help="any-order models: verification order of linear / quadratic / packed, ltr "
                           "(default: output equals AR greedy) or confidence (likeliest drafts first)")
@@ -87,18 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=None,
                      help="sample only from the smallest set of tokens with this much probability, in (0, 1]")
     gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
-    gen.add_argument("--sampler", choices=SAMPLERS, default=SAMPLERS[0],
+    gen.add_argument("--sampler", choices=SAMPLERS, default=None,
                      help="how sampled drafts are verified (both exact): 'rejection' (paper Alg. 2) or 'gumbel' "
-                          "(shared noise: the same text for a seed under every schedule and width; default "
-                          f"{SAMPLERS[0]})")
+                          "(shared noise: the same text for a seed under every schedule and width); default "
+                          "gumbel for the adaptive schedule, which needs it, rejection for the others")
     gen.add_argument("--dtype", choices=DTYPES, default=None,
                      help="model dtype (default: the checkpoint's torch_dtype on CUDA, float32 on the CPU)")
     gen.add_argument("--no-draft-adapter", action="store_true",
                      help="ignore the drafting LoRA the model ships (linear_spec_lora/); it only changes the drafts")
     gen.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     gen.add_argument("--stream", action="store_true",
-                     help="print the continuation as the decoder accepts it, with one schedule (packed "
-                          "unless --schedule names another), then its cost line")
+                     help="print the continuation as the decoder accepts it, with one schedule (the default, "
+                          "adaptive, unless --schedule names another), then its cost line")
     gen.add_argument("--threads", type=_positive_int, default=1,
                      help="CPU threads for torch (default 1: fastest for small models, whose calls are "
                           "overhead-bound)")
@@ -146,13 +158,13 @@ def generate(args) -> int:
                              "(see Engine); use --temperature 0, or --order ltr")
         schedules = [s for s in schedules if s != "threshold"]
     if args.stream:
-        name = "packed" if args.schedule == "all" else args.schedule
+        name = None if args.schedule == "all" else args.schedule
         return stream(Engine(model, schedule=name, width=args.width, order=args.order, sampler=args.sampler), tokenizer, prompt, args)
     rows, continuation = [], None
     for name in schedules:
         order = args.order if name not in ("ar", "threshold") else None
         engine = Engine(model, schedule=name, width=args.width, order=order, sampler=args.sampler)
-        log(f"decoding with {name} (W={engine.width}) ...")
+        log(f"decoding with {name} ({width_label(engine)}) ...")
         start = time.perf_counter()
         res = engine.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -180,10 +192,11 @@ def generate_file(model, tokenizer, args) -> int:
             if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
                 raise ValueError(f"{args.prompts_file}:{number}: each line must be an object with a 'prompt' string")
             records.append(record)
-    name = "packed" if args.schedule == "all" else args.schedule
+    name = None if args.schedule == "all" else args.schedule
     engine = Engine(model, schedule=name, width=args.width, order=args.order, sampler=args.sampler)
     batch_size = 1 if model.cfg.any_order else args.batch_size
-    print(f"decoding {len(records)} prompts with {name} (W={engine.width}), batch size {batch_size} ...",
+    print(f"decoding {len(records)} prompts with {engine.schedule_name} ({width_label(engine)}), batch size "
+          f"{batch_size} ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     results = engine.generate_batch(
@@ -216,7 +229,7 @@ def stream(engine: Engine, tokenizer, prompt: list[int], args) -> int:
         print(text[len(shown):], end="", flush=True)
         shown = text
     print()
-    print(f"{engine.schedule_name} (W={engine.width}): {len(res.tokens)} tokens, NFE {res.nfe}, "
+    print(f"{engine.schedule_name} ({width_label(engine)}): {len(res.tokens)} tokens, NFE {res.nfe}, "
           f"{res.tokens_per_nfe:.2f} tokens/NFE, {res.wall_s:.3f} s", file=sys.stderr)
     return 0
 

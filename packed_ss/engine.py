@@ -35,6 +35,7 @@ PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for wi
 
 SAMPLERS = ("rejection", "gumbel")
 ADAPTIVE = "adaptive"
+_shape_costs: dict[tuple, list[tuple]] = {}    # per process: Engine._shape_costs
 
 
 @dataclass(frozen=True)
@@ -147,12 +148,14 @@ class Engine:
             self.width = self._auto_width() if auto else width
 
     def _adaptive_width(self) -> int:
-        """The adaptive schedule's widest shape: the acceptance profile's width (the model's `block_size - 1` at
-        most), else DEFAULT_WIDTH."""
+        """The adaptive schedule's widest shape: the acceptance profile's width, the model's `block_size - 1` at
+        most; without a profile `block_size - 1` where the config declares one, else DEFAULT_WIDTH."""
         cfg, profile = self.model.cfg, self.model.draft_profile
         limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
         self.width_source = "adaptive: the profile's width" if profile else "adaptive: default"
-        return min(limit, profile["width"] if profile else DEFAULT_WIDTH)
+        if profile:
+            return min(limit, profile["width"])
+        return limit if cfg.block_size else DEFAULT_WIDTH
 
     def _policy(self) -> Policy:
         """The adaptive schedule's shapes and priors (the acceptance profile); each program measures its costs."""
@@ -230,9 +233,18 @@ class Engine:
         else:
             program = SCHEDULES[self.schedule_name](self.model, width, base, ending, self.drafts)
         sampled = SharedNoise(program, params) if shared else program
-        if self.schedule_name == ADAPTIVE:      # what its iterations cost, noise included, once per program
-            program.policy = self.policy.measured(self.runtime.shape_costs(sampled, (1, COST_BATCH)))
+        if self.schedule_name == ADAPTIVE:      # what its iterations cost, noise included
+            program.policy = self.policy.measured(self._shape_costs(sampled, params, epilogue))
         return sampled
+
+    def _shape_costs(self, program, params: SamplingParams, epilogue: str) -> list[tuple]:
+        """An adaptive program's iteration costs per shape at batch 1 and COST_BATCH, measured once per process
+        for each model, device, setting and runner (they change the speed of its choices, never the output)."""
+        key = (id(self.model), str(self.model.device), self.model.dtype, self.width, self.drafts, params, epilogue,
+               self.backend, self.runtime.mode, self.runtime.compile_backend)
+        if key not in _shape_costs:
+            _shape_costs[key] = self.runtime.shape_costs(program, (1, COST_BATCH))
+        return _shape_costs[key]
 
     # -- requests --------------------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,

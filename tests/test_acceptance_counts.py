@@ -58,9 +58,9 @@ def test_accepted_at_native_batched_and_alone_agree(model, sampling):
     if not packed_ss.decode.epilogue.native_available("cpu"):
         pytest.skip("native epilogue not built")
     kw = dict(max_new_tokens=40, eos_token_id=[], **sampling)
-    alone = [packed_ss.Engine(model, width=3, epilogue="torch").generate(
+    alone = [packed_ss.Engine(model, "packed", width=3, epilogue="torch").generate(
         p, **dict(kw, seed=kw["seed"] + i) if "seed" in kw else kw) for i, p in enumerate(PROMPTS)]
-    batched = packed_ss.Engine(model, width=3, epilogue="native").generate_batch(PROMPTS, **kw)
+    batched = packed_ss.Engine(model, "packed", width=3, epilogue="native").generate_batch(PROMPTS, **kw)
     for a, b in zip(alone, batched):
         assert b.tokens == a.tokens and b.accepted_at == a.accepted_at
         assert sum(a.accepted_at) == a.n_accepted and a.accepted_at == sorted(a.accepted_at, reverse=True)

@@ -35,10 +35,10 @@ def ops_per_iteration(engine, batch: int, monkeypatch, **kwargs) -> float:
     counter, iterations = OpCounter(), [0]
     iterate, forward = Batch.iterate, loop.Runtime.forward
 
-    def counted_iterate(self, first):
+    def counted_iterate(self, first, shape=0):
         iterations[0] += 1
         with counter:
-            iterate(self, first)
+            iterate(self, first, shape)
 
     def uncounted_forward(self, inp, cache):
         counter.paused = True

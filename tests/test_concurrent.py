@@ -50,9 +50,9 @@ def batch_sizes(monkeypatch):
     """The batch size of every iteration run."""
     sizes, iterate = [], Batch.iterate
 
-    def recorded(self, first):
+    def recorded(self, first, shape=0):
         sizes.append(self.size)
-        iterate(self, first)
+        iterate(self, first, shape)
     monkeypatch.setattr(Batch, "iterate", recorded)
     return sizes
 

@@ -142,9 +142,9 @@ def test_batched_equals_alone(shipped, epilogue, sampling):
     if epilogue == "native" and not packed_ss.decode.epilogue.native_available("cpu"):
         pytest.skip("native epilogue not built")
     model, prompts = shipped
-    engine = packed_ss.Engine(model, drafts="both", width=5, epilogue=epilogue)
+    engine = packed_ss.Engine(model, "packed", drafts="both", width=5, epilogue=epilogue)
     batched = engine.generate_batch(prompts, max_new_tokens=48, **sampling)
-    alone = [packed_ss.Engine(model, drafts="both", width=5, epilogue="torch").generate(
+    alone = [packed_ss.Engine(model, "packed", drafts="both", width=5, epilogue="torch").generate(
         p, max_new_tokens=48, **(dict(sampling, seed=sampling["seed"] + i) if sampling else {}))
         for i, p in enumerate(prompts)]
     assert [(r.tokens, r.accepted_at) for r in batched] == [(r.tokens, r.accepted_at) for r in alone]
@@ -152,16 +152,19 @@ def test_batched_equals_alone(shipped, epilogue, sampling):
 
 @pytest.mark.parametrize("name", ["llama-gqa", "mistral-untied", "qwen3-qknorm"])
 def test_a_causal_checkpoint_decodes_with_lookup(name):
-    """No mask_token_id: it loads, decodes by lookup (its default schedule) and AR exactly as transformers does,
-    and the schedules that need mask rows refuse it by name."""
+    """No mask_token_id: it loads, decodes by lookup (its default: the adaptive schedule with AR and lookup shapes;
+    and schedule="lookup") and AR exactly as transformers does, and the schedules that need mask rows refuse it by
+    name."""
     path = checkpoint(name, vocab_size=11, mask_token_id=None)
     model = packed_ss.load_model(path, dtype=torch.float64)
     assert model.cfg.mask_token_id is None
     prompt = [3, 4, 5, 3, 4, 5, 3]
     want = hf_greedy(path, prompt, 24, eos_token_id=[])
     engine = packed_ss.Engine(model, width=4)
-    assert engine.schedule_name == "lookup"
-    got = engine.generate(prompt, max_new_tokens=24, eos_token_id=[])
+    assert (engine.schedule_name, engine.drafts) == ("adaptive", "lookup")
+    assert {s.kind for s in engine.policy.shapes} == {"ar", "lookup"}
+    assert engine.generate(prompt, max_new_tokens=24, eos_token_id=[]).tokens == want
+    got = packed_ss.Engine(model, schedule="lookup", width=4).generate(prompt, max_new_tokens=24, eos_token_id=[])
     assert got.tokens == want and got.n_accepted > 0
     assert packed_ss.Engine(model, schedule="ar").generate(prompt, max_new_tokens=24, eos_token_id=[]).tokens == want
     for schedule in ("linear", "quadratic", "packed"):
@@ -180,4 +183,4 @@ def test_bad_draft_options(shipped, kwargs, message):
 
 
 def test_every_schedule_is_covered():
-    assert {s for s, _ in DRAFTING} | {"ar"} == set(SCHEDULES)
+    assert {s for s, _ in DRAFTING} | {"ar", "adaptive"} == set(SCHEDULES)     # adaptive: tests/test_adaptive.py

@@ -15,7 +15,7 @@ DECODE = """
 import json, sys, packed_ss
 model = packed_ss.load_model()
 tok = packed_ss.load_tokenizer()
-engine = packed_ss.Engine(model)
+engine = packed_ss.Engine(model, schedule="packed")
 res = engine.generate(tok.encode("def fibonacci(n):").ids, 48, temperature=1.0, seed=0)
 print(json.dumps({"width": engine.width, "source": engine.width_source, "tokens": res.tokens}))
 """
@@ -45,13 +45,13 @@ def test_choice_is_remembered_per_model_and_setting(monkeypatch):
     monkeypatch.setattr(packed_ss.Engine, "_measure_width",
                         lambda self, *a: measured.append(self.schedule_name) or measure(self, *a))
     model = packed_ss.load_model()
-    first = packed_ss.Engine(model)
-    again = packed_ss.Engine(packed_ss.load_model())                  # another load of the same files
+    first = packed_ss.Engine(model, schedule="packed")
+    again = packed_ss.Engine(packed_ss.load_model(), schedule="packed")                  # another load of the same files
     assert (first.width_source, again.width_source.split()[0]) == ("measured now", "remembered")
     assert again.width == first.width and measured == ["packed"]
     packed_ss.Engine(model, schedule="linear")                        # another setting: measured
     assert measured == ["packed", "linear"]
-    assert packed_ss.Engine(model, width=3).width_source == "given"
+    assert packed_ss.Engine(model, schedule="packed", width=3).width_source == "given"
     assert (cache_dir() / CHOICES_FILE).is_file()
 
 

@@ -14,6 +14,7 @@ import packed_ss
 import packed_ss.decode.shared_noise as shared_noise
 from packed_ss.decode.epilogue import native_available, native_module
 from packed_ss.decode.epilogue.operator import noise_race
+from packed_ss.decode import sampling
 from packed_ss.decode.sampling import SamplingParams, exponential_noise, truncated_probs
 from packed_ss.runtime import Request
 
@@ -178,3 +179,18 @@ def test_native_race_equals_the_torch_race(params, dtype):
     tokens = torch.arange(9)
     want = torch.exp(-exponential_noise(torch.tensor(5), torch.tensor(2**33 + 1), tokens))
     assert [native_module().noise_uniform(5, 2**33 + 1, x) for x in range(9)] == pytest.approx(want.tolist(), rel=1e-15)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95])
+def test_top_p_kept_is_the_sorted_rule(top_p):
+    """The dense top-p mask the shared-noise race uses (a partial sort, whole rows only where the head holds too
+    little mass) keeps what truncated_probs keeps of the fully sorted distribution, on peaked and flat rows."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.cat([torch.randn(8, 500, generator=g, dtype=torch.float64) * 4,
+                        torch.randn(8, 500, generator=g, dtype=torch.float64) * 0.1])
+    prob = torch.softmax(logits, -1)
+    idx, p = truncated_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
+    want = torch.zeros_like(prob, dtype=torch.bool).scatter(-1, idx, p > 0)
+    assert torch.equal(sampling.top_p_kept(prob, top_p), want)
+    head_mass = prob.topk(sampling.PARTIAL, -1).values.sum(-1)
+    assert (head_mass < top_p).any() and (head_mass >= top_p).any()      # both ways of finding the threshold ran

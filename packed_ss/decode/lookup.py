@@ -21,18 +21,26 @@ CONTEXT = 1024         # prompt tokens searched (the last ones of a longer promp
 
 def continuation(hay: torch.Tensor, end: torch.Tensor, width: int, ngrams=NGRAMS) -> tuple[torch.Tensor, torch.Tensor]:
     """(draft [B, W], found [B]): the lookup continuation of each row's sequence hay[b, :end[b]] (tokens >= 0;
-    -1 marks no token). Rows without a match have found False and a meaningless draft."""
+    -1 marks no token). Rows without a match have found False and a meaningless draft.
+
+    The last n tokens end at e wherever hay[e - i] == hay[end - 1 - i] for i < n: one comparison of the whole
+    row per suffix token, shifted and combined, serves every n."""
     batch, length = hay.shape
     device = hay.device
+    i = torch.arange(max(ngrams), device=device)
+    suffix = hay.gather(1, (end[:, None] - 1 - i).clamp(min=0))                      # [B, n_max]: last, last-1, ..
+    valid = (end[:, None] > i) & (suffix >= 0)                                      # suffix token i exists
+    ends = torch.arange(length, device=device)
+    earlier = ends <= end[:, None] - 2                                              # e, an earlier end
+    match, latest = torch.ones_like(hay, dtype=torch.bool), {}
+    for k in range(max(ngrams)):                                  # match: the last k + 1 tokens end at e
+        same = (hay == suffix[:, k:k + 1]) & valid[:, k:k + 1]
+        match = match & torch.nn.functional.pad(same, (k, 0))[:, :length]         # hay[e - k] == suffix k
+        if k + 1 in ngrams:
+            latest[k + 1] = torch.where(match & earlier, ends, -1).amax(1)
     best = torch.full((batch,), -1, dtype=torch.int64, device=device)
-    for n in ngrams:
-        if n > length:
-            continue
-        pattern = hay.gather(1, (end[:, None] - n + torch.arange(n, device=device)).clamp(min=0))      # [B, n]
-        whole = (end >= n) & (pattern >= 0).all(1)
-        ends = torch.arange(n - 1, length, device=device)                                              # e
-        hit = (hay.unfold(1, n, 1) == pattern[:, None, :]).all(-1) & (ends <= end[:, None] - 2) & whole[:, None]
-        best = torch.where(best < 0, torch.where(hit, ends, -1).amax(1), best)
+    for n in ngrams:                                              # longest first
+        best = torch.where(best < 0, latest[n], best)
     period = (end - 1 - best).clamp(min=1)
     i = torch.arange(width, device=device)
     src = end[:, None] - period[:, None] + i % period[:, None]

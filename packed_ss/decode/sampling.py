@@ -127,6 +127,30 @@ def truncated_probs(logits: torch.Tensor, params: SamplingParams):
     return idx, prob
 
 
+PARTIAL = 64    # top_p_kept: the most probable tokens a partial sort ranks first
+
+
+def top_p_kept(prob: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which tokens top-p keeps of dense distributions prob [..., V]: those whose mass ranked before them is below
+    top_p, the rule `truncated_probs` applies to the sorted distribution (the same set, but that tokens tied at
+    the threshold are all kept here), as a bool mask [..., V] without a full sort. A partial sort of the PARTIAL
+    most probable tokens finds the threshold wherever they hold top_p of the mass; the rows where they do not
+    are ranked whole (on the CPU, eagerly: those rows alone, found by a host read that costs nothing there;
+    compiled or on another device, every row, so that nothing reads the device)."""
+    def threshold(values: torch.Tensor) -> torch.Tensor:      # values sorted decreasing: the smallest kept one
+        before = values.cumsum(-1) - values
+        return values.masked_fill(before >= top_p, torch.inf).amin(-1)
+    vocab = prob.shape[-1]
+    if prob.device.type != "cpu" or torch.compiler.is_compiling() or vocab <= PARTIAL:
+        return prob >= threshold(prob.sort(-1, descending=True).values)[..., None]
+    head = prob.topk(PARTIAL, -1).values
+    cut = threshold(head)
+    short = head.sum(-1) < top_p
+    if short.any():
+        cut[short] = threshold(prob[short].sort(-1, descending=True).values)
+    return prob >= cut[..., None]
+
+
 def take_rows(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     """t[b, i[b]] for every request b of t [B, R, K] and i [B], without a host read (compile-safe)."""
     return t.gather(1, i[:, None, None].expand(-1, 1, t.shape[2]))[:, 0]

@@ -26,6 +26,8 @@ from .epilogue.operator import noise_race
 from . import sampling
 from .sampling import SamplingParams, truncated_probs
 
+DRAFT_SUPPORT = 64     # the drafter's likeliest tokens its shared-noise race ranks (draft_tokens)
+
 
 def torch_race(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
     """The shared-noise sample of every row of prob [B, R, K] (the truncated target; idx [B, R, K] its tokens, or
@@ -36,17 +38,44 @@ def torch_race(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor, i
     return tokens.gather(-1, score.argmax(-1, keepdim=True))[..., 0]
 
 
+def target_tokens(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, params: SamplingParams,
+                  race=torch_race) -> torch.Tensor:
+    """The shared-noise samples [B, R] of target rows logits [B, R, V] at output positions `position`: the token
+    of largest p(x) / E(seed, j, x) over p truncated as the target is (top-p alone: a dense mask, no full sort)."""
+    if params.top_k is None and params.top_p is not None and params.top_p < 1.0:
+        prob = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / params.temperature, -1)
+        return race(seed, position, prob * sampling.top_p_kept(prob, params.top_p), None)
+    idx, prob = truncated_probs(logits, params)
+    dense = params.top_k is None and params.top_p is None
+    return race(seed, position, prob, None if dense else idx)
+
+
+def draft_tokens(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, params: SamplingParams,
+                 race=torch_race) -> torch.Tensor:
+    """The drafter's proposals [B, R] from drafting rows: the same race over its DRAFT_SUPPORT likeliest tokens
+    (after temperature) only. Any drafter keeps the output exact here (a draft is accepted when it equals the
+    target's own sample), so the drafter skips the target's truncation and ranks a few tokens, not the
+    vocabulary."""
+    vals, idx = logits.topk(min(DRAFT_SUPPORT, logits.shape[-1]), -1)
+    prob = torch.softmax(vals.to(torch.promote_types(vals.dtype, torch.float32)) / params.temperature, -1)
+    return race(seed, position, prob, idx)
+
+
 def perturbed_scores(logits: torch.Tensor, inp: ModelInput, seed: torch.Tensor, prompt_len: torch.Tensor,
                      params: SamplingParams, race=torch_race) -> torch.Tensor:
     """Scores for every row of logits [B, R, V] of the call `inp` whose argmax is the row's shared-noise sample
     (one-hot): the token of largest p(x) / E(seed, j, x), j the output position the row predicts, E standard
-    exponential noise, p truncated as the target is: argmax_x (log p(x) + g(x)) with g = -log E Gumbel noise."""
-    vocab, rows = logits.shape[-1], logits.shape[1]
+    exponential noise, p truncated as the target is (target_tokens) on the rows before the layout's drafting
+    rows, the drafter's few likeliest tokens on those (draft_tokens): argmax_x (log p(x) + g(x)) with
+    g = -log E Gumbel noise."""
+    rows = logits.shape[1]
     causal = torch.arange(rows, device=logits.device) < inp.layout.n_anchor
     position = (inp.positions + causal - prompt_len[:, None]).clamp(min=0)                 # [B, R]
-    idx, prob = truncated_probs(logits, params)
-    dense = params.top_k is None and params.top_p is None
-    tokens = race(seed, position, prob, None if dense else idx)
+    split = rows if inp.layout.draft_from is None else inp.layout.draft_from
+    tokens = target_tokens(logits[:, :split], seed, position[:, :split].contiguous(), params, race)
+    if split < rows:
+        drafts = draft_tokens(logits[:, split:], seed, position[:, split:].contiguous(), params, race)
+        tokens = torch.cat([tokens, drafts], 1)
     return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, tokens[..., None], 1.0)
 
 

@@ -37,7 +37,7 @@ MODES = ("eager", "compile", "graph")
 # against one code object: programs (sampling settings, widths) x steps x padded batch sizes.
 RECOMPILE_LIMIT = 64
 PREFILL_CHUNK = 1024   # prompt tokens per prefill call at most (Runtime)
-COST_REPS = 5          # timed iterations per shape and batch size (Runtime.shape_costs)
+COST_REPS = 3          # timed iterations per shape and batch size (Runtime.shape_costs)
 
 
 class Runtime:

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 
 from ...decode.schedules import DRAFT_SOURCES, SCHEDULES
+
+FIXED = [s for s in SCHEDULES if s != "adaptive"]     # one shape each; the adaptive one: bench-adaptive
 from ...model.loading import DTYPES, default_model_path, load_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
@@ -236,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the drafting adapter: 'auto' (the one the model ships, the default), 'none', or a directory")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="default: 0 1")
     p.add_argument("--samples", type=int, default=1, help="responses per prompt at temperature > 0 (default 1)")
-    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES),
+    p.add_argument("--schedules", nargs="+", default=FIXED, choices=FIXED,
                    help="our schedules (default all; linear is required: it is the baseline)")
     p.add_argument("--drafts", nargs="+", default=["diffusion"], choices=DRAFT_SOURCES,
                    help="draft sources of packed, linear and quadratic (default diffusion; Linear-SS with diffusion "

@@ -15,7 +15,7 @@ from .checks import check_drafts, check_int, check_request, check_requests
 from .decode.any_order import ORDERS
 from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.epilogue import EPILOGUES, make_epilogue, native_unavailable_reason
-from .decode.policy import COST_BATCH, Policy, shapes_for
+from .decode.policy import COST_BATCH, NARROW, Policy, shapes_for
 from .decode.sampling import SamplingParams
 from .decode.schedules import SCHEDULES
 from .decode.shared_noise import SharedNoise
@@ -34,6 +34,7 @@ PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for wi
 
 
 SAMPLERS = ("rejection", "gumbel")
+DEFAULT_SAMPLER = "rejection"
 ADAPTIVE = "adaptive"
 _shape_costs: dict[tuple, list[tuple]] = {}    # per process: Engine._shape_costs
 
@@ -57,8 +58,10 @@ class Engine:
         "quadratic", "ar", or "lookup" (drafts by n-gram lookup alone, verified in one causal call).
         "adaptive" picks each iteration's call among a few prebuilt shapes - AR, lookup drafts verified alone,
         Packed-SS - by what each draft source has earned for each request and what rows cost at the batch size
-        (decode/policy.py); its `width` is the widest shape's, and it samples under shared noise, where the
-        output does not depend on the shapes chosen (`sampler` "gumbel", its default).
+        (decode/policy.py); its `width` is the widest shape's. Greedy and under shared noise the batch's shape
+        is chosen freely (the output does not depend on it); under the rejection sampler each request chooses
+        its own from its own statistics and the call covers them, so a request's tokens never depend on its batch,
+        and the widest shape is policy.NARROW wide (that sampler's verification costs W x vocabulary per row).
         `drafts` (packed, linear, quadratic): where drafts come from, "diffusion" (the model's mask rows),
         "lookup" (the continuation of the latest n-gram match in the prompt and output, decode/lookup.py) or
         "both" (the lookup draft where there is a match, the diffusion proposal elsewhere); default checks.DRAFTS.
@@ -71,8 +74,8 @@ class Engine:
         install, model and setting (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the
         same tokens in every process.
         `sampler`: how a sampled request (temperature > 0) verifies drafts; both give the AR distribution
-        exactly (default: "gumbel" for the adaptive schedule, which needs it, "rejection" otherwise). "rejection":
-        the paper's Alg. 2 (accept d with probability min(1, p(d)/q(d)), the residual
+        exactly (default: DEFAULT_SAMPLER, by measurement: bench/RESULTS.md, "Adaptive"). "rejection": the paper's
+        Alg. 2 (accept d with probability min(1, p(d)/q(d)), the residual
         draw at a rejection; each draft's distribution is stored). "gumbel": shared noise (decode/shared_noise.py):
         target and drafter sample by Gumbel-max with noise keyed by (seed, output position, token), so a
         seeded request returns the same tokens under every schedule, width and batch (those of
@@ -114,13 +117,9 @@ class Engine:
         auto = width is None or width == "auto"
         if not auto:
             check_int("width", width, 1, MAX_WIDTH)
-        sampler = sampler or ("gumbel" if schedule == ADAPTIVE else "rejection")
+        sampler = sampler or DEFAULT_SAMPLER
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
-        if schedule == ADAPTIVE and sampler != "gumbel":
-            raise ValueError(f"sampler={sampler!r}: the adaptive schedule samples under shared noise ('gumbel'), "
-                             "where a request's tokens do not depend on the shapes chosen; pick a fixed schedule "
-                             "(e.g. schedule='packed') for the rejection sampler")
         if epilogue is not None and epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {tuple(EPILOGUES)} or None, got {epilogue!r}")
         if cuda_graph and model.device.type != "cuda":
@@ -141,9 +140,9 @@ class Engine:
                                prefill_chunk, kv_cache_bytes)
         self._programs: dict[SamplingParams, object] = {}
         self.width_source = "given"
+        self.policy_type = Policy          # the adaptive schedule's (tests put a policy that switches at will)
         if schedule == ADAPTIVE:
             self.width = self._adaptive_width() if auto else width
-            self.policy = self._policy()
         else:
             self.width = self._auto_width() if auto else width
 
@@ -156,10 +155,6 @@ class Engine:
         if profile:
             return min(limit, profile["width"])
         return limit if cfg.block_size else DEFAULT_WIDTH
-
-    def _policy(self) -> Policy:
-        """The adaptive schedule's shapes and priors (the acceptance profile); each program measures its costs."""
-        return Policy.from_profile(shapes_for(self.width, self.drafts), self.model.draft_profile)
 
     def _auto_width(self) -> int:
         """width="auto" (width.py): the profile's best width on this device, measured once per machine and
@@ -217,7 +212,9 @@ class Engine:
     def program(self, params: SamplingParams):
         """The schedule bound to this engine's model, width, epilogue and `params` (one per setting)."""
         if params not in self._programs:
-            self._programs[params] = self._build(self.width, params, self.epilogue)
+            free = params.greedy or self.sampler == "gumbel"       # the adaptive schedule's choice is free
+            width = self.width if self.schedule_name != ADAPTIVE or free else min(self.width, NARROW)
+            self._programs[params] = self._build(width, params, self.epilogue)
         return self._programs[params]
 
     def _build(self, width: int, params: SamplingParams, epilogue: str):
@@ -229,18 +226,20 @@ class Engine:
         if self.any_order:
             program = ANY_ORDER_SCHEDULES[self.schedule_name](self.model, width, base, ending, self.order)
         elif self.schedule_name == ADAPTIVE:
-            program = SCHEDULES[ADAPTIVE](self.model, width, base, ending, self.drafts, policy=self.policy)
+            policy = self.policy_type.from_profile(shapes_for(width, self.drafts), self.model.draft_profile, width)
+            program = SCHEDULES[ADAPTIVE](self.model, width, base, ending, self.drafts, policy=policy)
         else:
             program = SCHEDULES[self.schedule_name](self.model, width, base, ending, self.drafts)
         sampled = SharedNoise(program, params) if shared else program
         if self.schedule_name == ADAPTIVE:      # what its iterations cost, noise included
-            program.policy = self.policy.measured(self._shape_costs(sampled, params, epilogue))
+            costs = self._shape_costs(sampled, width, params, epilogue)
+            program.policy = program.policy.measured(costs, per_request=not (params.greedy or shared))
         return sampled
 
-    def _shape_costs(self, program, params: SamplingParams, epilogue: str) -> list[tuple]:
+    def _shape_costs(self, program, width: int, params: SamplingParams, epilogue: str) -> list[tuple]:
         """An adaptive program's iteration costs per shape at batch 1 and COST_BATCH, measured once per process
         for each model, device, setting and runner (they change the speed of its choices, never the output)."""
-        key = (id(self.model), str(self.model.device), self.model.dtype, self.width, self.drafts, params, epilogue,
+        key = (id(self.model), str(self.model.device), self.model.dtype, width, self.drafts, params, epilogue,
                self.backend, self.runtime.mode, self.runtime.compile_backend)
         if key not in _shape_costs:
             _shape_costs[key] = self.runtime.shape_costs(program, (1, COST_BATCH))

@@ -17,15 +17,25 @@ from packed_ss.runtime.batch import Batch
 
 
 class Cycling(Policy):
-    """Switches shape at every iteration (the shape after a request's n-th call is n mod S), whatever it earns."""
+    """Switches shape every other iteration, whatever it earns (a request's shape after its n-th call is
+    n // 2 mod S: twice in a row, so that a packed shape verifies the proposals its first call retained).
+    Choosing per request, requests that joined at different times switch at different iterations."""
 
     def choose(self, st, length, found):
-        st.shape.copy_((st.nfe.max() % len(self.shapes)).expand_as(st.shape))
+        c = self.constants(st.done.device)
+        st.assign(~st.done, choice=(st.nfe // 2) % len(self.shapes))
+        if not self.per_request:
+            st.choice.copy_(st.choice.max().expand_as(st.choice))
+        st.shape.copy_(self.cover(st.choice, ~st.done, c).expand_as(st.shape))
 
 
 def cycling(engine):
-    engine.policy = Cycling.from_profile(engine.policy.shapes, engine.model.draft_profile)
+    engine.policy_type = Cycling
     return engine
+
+
+def shapes_of(engine, **sampling):
+    return engine.program(SamplingParams(**sampling)).policy.shapes
 
 
 @pytest.fixture
@@ -64,8 +74,8 @@ def test_switching_every_iteration_keeps_greedy_output(shipped, shapes_run, draf
     alone = [engine.generate(p, max_new_tokens=48) for p in prompts]
     batched = engine.generate_batch(prompts, max_new_tokens=48)
     assert [r.tokens for r in alone] == [r.tokens for r in ar] == [r.tokens for r in batched]
-    assert set(shapes_run) == set(range(len(engine.policy.shapes)))      # every shape ran, switching each time
-    assert sum(a != b for a, b in zip(shapes_run, shapes_run[1:])) > len(shapes_run) // 2
+    assert set(shapes_run) == set(range(len(shapes_of(engine))))         # every shape ran, switching each time
+    assert sum(a != b for a, b in zip(shapes_run, shapes_run[1:])) > len(shapes_run) // 4
     assert max(r.n_accepted for r in alone) > 0                           # drafts were accepted on the way
 
 
@@ -77,10 +87,9 @@ def test_sampled_request_returns_its_ar_sample(random_model, setting, policy):
     prompts = [[3, 17, 42, 8, 9], list(range(1, 20)), [9, 9, 9, 9, 9, 9], [60, 3]]
     ar = packed_ss.Engine(random_model, schedule="ar", sampler="gumbel")
     want = [ar.generate(p, 30, eos_token_id=[], seed=7 + i, **setting).tokens for i, p in enumerate(prompts)]
-    engine = packed_ss.Engine(random_model, width=4)
+    engine = packed_ss.Engine(random_model, width=4, sampler="gumbel")
     if policy == "cycling":
         cycling(engine)
-    assert engine.sampler == "gumbel"
     alone = [engine.generate(p, 30, eos_token_id=[], seed=7 + i, **setting).tokens for i, p in enumerate(prompts)]
     batched = engine.generate_batch(prompts, 30, eos_token_id=[], seed=7, batch_size=3, **setting)
     assert alone == want == [r.tokens for r in batched]
@@ -132,10 +141,10 @@ def test_no_draft_found_probes_nothing():
 
 
 @pytest.mark.parametrize("hit,batch,want", [
-    (0.95, 1, Shape("lookup", 16)),     # lookup drafts right deep down: the widest lookup call pays
-    (0.05, 1, Shape("ar", 0)),          # rarely right: AR
-    (0.9, 1, Shape("lookup", 16)),
-    (0.9, 8, Shape("lookup", 3)),       # the same bet at batch 8, where wide calls cost more: a narrow one
+    (0.95, 1, Shape(16)),     # lookup drafts right deep down: the widest lookup call pays
+    (0.05, 1, Shape(0)),          # rarely right: AR
+    (0.9, 1, Shape(16)),
+    (0.9, 8, Shape(3)),       # the same bet at batch 8, where wide calls cost more: a narrow one
 ])
 def test_the_choice_weighs_expected_tokens_against_cost(hit, batch, want):
     shapes = shapes_for(16, "both")
@@ -150,18 +159,19 @@ def test_the_choice_weighs_expected_tokens_against_cost(hit, batch, want):
 
 
 def test_diffusion_estimates_drift_back_to_their_prior():
-    """A request that left the packed shapes keeps an estimate that returns to the prior: it tries them again."""
+    """A request that left the packed shapes keeps an estimate that returns to the prior (the profile's tokens per
+    call with three mask rows): it tries them again."""
     policy = Policy.from_profile(shapes_for(4, "both"), {"lagged": [1.0, 1.5, 1.8, 2.0], "width": 4})
     st = state(policy)
     packed = policy.packed[-1]
     for _ in range(3):
         st.ran.fill_(packed)
-        policy.observe(st, packed, torch.tensor([1]), torch.tensor([False]))     # one token per packed call
+        policy.observe(st, torch.tensor([packed]), torch.tensor([1]), torch.tensor([False]))     # one token per packed call
     low = st.diffusion[0, -1].item()
-    assert low < 2.0
+    assert low < 1.8
     for _ in range(200):
-        policy.observe(st, 0, torch.tensor([1]), torch.tensor([False]))           # AR runs
-    assert low < st.diffusion[0, -1].item() == pytest.approx(2.0, abs=1e-3)
+        policy.observe(st, torch.tensor([0]), torch.tensor([1]), torch.tensor([False]))           # AR runs
+    assert low < st.diffusion[0, -1].item() == pytest.approx(1.8, abs=1e-3)
 
 
 def test_the_state_carries_the_choice_through_the_status_table(shipped):
@@ -173,9 +183,30 @@ def test_the_state_carries_the_choice_through_the_status_table(shipped):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(sampler="rejection"), "samples under shared noise"),
     (dict(schedule="adaptive", drafts="ngram"), "drafts must be one of"),
+    (dict(schedule="adaptive", width=0), "width must be an integer"),
 ])
 def test_bad_options(shipped, kwargs, message):
     with pytest.raises(ValueError, match=message):
         packed_ss.Engine(shipped[0], **kwargs)
+
+
+# -- the rejection sampler: each request chooses alone, the call covers the choices -----------------------------
+@pytest.mark.parametrize("epilogue", ["torch", "native"])
+@pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.8, top_k=10),
+                                     dict(temperature=1.2, top_p=0.9)], ids=["T1", "T0.8,k10", "T1.2,p0.9"])
+def test_rejection_sampled_batched_equals_alone(random_model, shapes_run, setting, epilogue):
+    """Requests admitted at different times switch shapes at different iterations (the shape after a request's
+    n-th call is n mod S): each sits in calls covering the others' shapes, and returns its tokens alone."""
+    if epilogue == "native" and not native_available("cpu"):
+        pytest.skip("the native epilogue is not built")
+    prompts = [[3, 17, 42, 8, 9], list(range(1, 20)), [9, 9, 9, 9, 9, 9], [60, 3], [5, 6, 5, 6, 5]]
+    lengths = [30, 24, 18, 30, 12]
+    engine = cycling(packed_ss.Engine(random_model, width=4, epilogue=epilogue))
+    assert engine.sampler == "rejection" and engine.program(SamplingParams(**setting)).policy.per_request
+    alone = [engine.generate(p, n, eos_token_id=[], seed=7 + i, **setting).tokens
+             for i, (p, n) in enumerate(zip(prompts, lengths))]
+    shapes_run.clear()
+    batched = engine.generate_batch(prompts, lengths, eos_token_id=[], seed=7, batch_size=3, **setting)
+    assert [r.tokens for r in batched] == alone
+    assert len(set(shapes_run)) > 1

@@ -10,6 +10,7 @@ from tiny_models import checkpoint, hf_greedy
 
 import packed_ss
 from packed_ss.decode.lookup import CONTEXT, NGRAMS, continuation, lookup_draft
+from packed_ss.decode.sampling import SamplingParams
 from packed_ss.decode.schedules import SCHEDULES
 from packed_ss.decode.state import DecodeState
 
@@ -162,7 +163,7 @@ def test_a_causal_checkpoint_decodes_with_lookup(name):
     want = hf_greedy(path, prompt, 24, eos_token_id=[])
     engine = packed_ss.Engine(model, width=4)
     assert (engine.schedule_name, engine.drafts) == ("adaptive", "lookup")
-    assert {s.kind for s in engine.policy.shapes} == {"ar", "lookup"}
+    assert {s.kind for s in engine.program(SamplingParams()).policy.shapes} == {"ar", "lookup"}
     assert engine.generate(prompt, max_new_tokens=24, eos_token_id=[]).tokens == want
     got = packed_ss.Engine(model, schedule="lookup", width=4).generate(prompt, max_new_tokens=24, eos_token_id=[])
     assert got.tokens == want and got.n_accepted > 0

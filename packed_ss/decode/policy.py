@@ -1,8 +1,10 @@
 """The adaptive schedule's bet: what each draft source earns for each request, and the call shape to run next.
 
-A shape is one model call of fixed layout over the batch (schedules/adaptive.py): `ar` (1 row), `lookup` at
-width w (the lookup draft verified alone, w + 1 causal rows) or `packed` at width w (Packed-SS with the lookup
-draft where one is found and the diffusion proposal elsewhere, 2(w + 1) rows).
+A shape is one model call of fixed layout over the batch (schedules/adaptive.py), named by the draft tokens it
+verifies (w) and the mask rows it proposes from (m): `ar` (w = m = 0, one row), `lookup` (m = 0: the lookup draft
+verified alone, w + 1 causal rows) or `packed` (Packed-SS: w + 1 verifier rows, the lookup draft where one is
+found, else the proposals the last packed call retained, and m + 1 proposal rows). The shapes an engine keeps
+are closed under the widest of two (`cover`), so that requests that chose different shapes share one call.
 
 Per request, on the device, in the state (`AdaptiveState`):
 - `look_hit` [B, W]: how often lookup draft token k is right, given a draft (a running mean, weight RATE). Each
@@ -13,16 +15,24 @@ Per request, on the device, in the state (`AdaptiveState`):
   mean, from its own runs once they are steady: the shape ran the iteration before too). Between runs it drifts
   back to the prior (DRIFT per iteration), so a request that left diffusion drafts tries them again at a
   bounded rate.
-The next shape maximises the batch's expected tokens per unit of cost: the sum over live requests of the
-expected tokens of each shape, over the cost of an iteration in that shape at this batch size (`costs`: ms
-at batch 1 and COST_BATCH, measured once when the engine builds the program, width.shape_costs: the inputs,
-the model call and the whole update, sampling noise and this policy included; linear in the batch size
-between and beyond). AR is always a candidate, and the first on a tie.
+Two ways to choose, by what the output may depend on:
+- free (greedy, and sampling under shared noise, where a request's tokens do not depend on the shapes): the
+  batch's shape maximises its expected tokens per unit of cost, the sum over live requests of the expected
+  tokens of each shape over the cost of an iteration in that shape at this batch size (`costs`: ms at batch 1
+  and COST_BATCH, measured once when the engine builds the program, Runtime.shape_costs: inputs, model call and
+  the whole update, sampling and this policy included; linear in the batch size between and beyond);
+- per request (the rejection sampler, whose drafts and draws depend on the width): each request picks its own
+  shape from its own statistics and the batch-1 costs, so its tokens depend on its own tokens and draws alone;
+  the call runs the cover of the live requests' shapes, every request verifying within its own width and
+  keeping proposals only if its shape proposes. A request whose shape the call does not cover (the host's
+  choice runs an iteration late on CUDA) sits that iteration out, unchanged.
+AR is always a candidate, and the first on a tie.
 Nothing here reads a clock while decoding; the choice only changes speed, never the output.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -31,38 +41,51 @@ from .state import DecodeState
 RATE = 0.125        # weight of a new observation in a running mean
 DRIFT = 1 / 32      # per iteration, how far an unobserved diffusion estimate moves back to its prior
 LOOKUP_PRIOR = 0.5  # P(lookup draft token k right | a draft), per position, without a profile
-KINDS = ("ar", "lookup", "packed")
 COST_BATCH = 8      # the second batch size an iteration's cost is measured at (the first is 1)
 
 
 @dataclass(frozen=True)
 class Shape:
-    kind: str       # one of KINDS
-    width: int      # draft tokens verified (0 for ar)
+    width: int          # draft tokens verified (0: ar)
+    masks: int = 0      # mask rows proposing the next draft (0: no proposal region)
+
+    @property
+    def kind(self) -> str:
+        return "ar" if self.width == 0 else ("lookup" if self.masks == 0 else "packed")
 
     @property
     def rows(self) -> int:
-        return {"ar": 1, "lookup": self.width + 1, "packed": 2 * (self.width + 1)}[self.kind]
+        return self.width + 1 + (self.masks + 1 if self.masks else 0)
 
     def __str__(self) -> str:
-        return self.kind if self.kind == "ar" else f"{self.kind} W={self.width}"
+        return {"ar": "ar", "lookup": f"lookup W={self.width}", "packed": f"packed W={self.width}/{self.masks}"}[
+            self.kind]
 
 
-def shapes_for(width: int, drafts: str) -> list[Shape]:
-    """The shapes an engine of draft width `width` keeps: ar, then lookup and packed at a narrow and the full
-    width (lookup shapes when `drafts` has lookup, packed ones when it has diffusion), fewest rows first."""
-    widths = sorted({min(3, width), width})
-    kinds = {"lookup": ["lookup"], "diffusion": ["packed"], "both": ["lookup", "packed"]}[drafts]
-    shapes = [Shape("ar", 0)] + [Shape(k, w) for k in kinds for w in widths]
-    return sorted(shapes, key=lambda s: (s.rows, KINDS.index(s.kind)))
+AR = Shape(0)
+NARROW = 3     # the narrow width of the lookup and packed shapes
+
+
+def shapes_for(width: int, drafts: str, masks: int = NARROW) -> list[Shape]:
+    """The shapes an engine of draft width `width` keeps, fewest rows first: ar, lookup at a narrow and the full
+    width when `drafts` has lookup, and when it has diffusion packed shapes proposing from `masks` mask rows
+    (verifying as many, and with lookup drafts the full width too). Closed under `cover`."""
+    narrow, masks = min(NARROW, width), min(masks, width)
+    shapes = {AR}
+    if drafts in ("lookup", "both"):
+        shapes |= {Shape(narrow), Shape(width)}
+    if drafts in ("diffusion", "both"):
+        shapes |= {Shape(masks, masks)} | ({Shape(narrow, masks), Shape(width, masks)} if drafts == "both" else set())
+        shapes |= {Shape(max(a.width, masks), masks) for a in set(shapes)}
+    return sorted(shapes, key=lambda s: (s.rows, s.width))
 
 
 @dataclass
 class AdaptiveState(DecodeState):
     """DecodeState plus the policy's statistics and choice (module docstring). `probe` [B, W] / `probe_len` the
     lookup draft being scored, made when the output was `probe_at` tokens long; `lookup_draft` whether the
-    current draft is a lookup draft; `ran` the shape of the last step; `shape` the next one (the status table
-    carries it to the host)."""
+    current draft is a lookup draft; `ran` the shape of the last step; `choice` the request's shape for the next
+    one, `shape` the call's (the status table carries it to the host)."""
     look_hit: torch.Tensor = None
     diffusion: torch.Tensor = None
     probe: torch.Tensor = None
@@ -70,65 +93,81 @@ class AdaptiveState(DecodeState):
     probe_at: torch.Tensor = None
     lookup_draft: torch.Tensor = None
     ran: torch.Tensor = None
+    choice: torch.Tensor = None
     shape: torch.Tensor = None
+
+
+class Constants(NamedTuple):
+    costs: torch.Tensor             # [S, 2]: ms per iteration at batch 1 and COST_BATCH
+    lookup_prior: torch.Tensor      # [W]
+    diffusion_prior: torch.Tensor   # [P]
+    widths: torch.Tensor            # [S]: draft tokens each shape verifies
+    masks: torch.Tensor             # [S]: mask rows each shape proposes from
+    packed: torch.Tensor            # [P]: the packed shapes' indices
 
 
 class Policy:
     """The shapes, the per-row cost model and the priors; `observe` and `choose` run on the device after a step."""
 
-    def __init__(self, shapes: list[Shape], lookup_prior: list[float], diffusion_prior: dict[int, float],
-                 costs: list[tuple[float, float]] | None = None):
+    def __init__(self, shapes: list[Shape], lookup_prior: list[float], diffusion_prior: dict[Shape, float],
+                 costs: list[tuple[float, float]] | None = None, per_request: bool = False):
         """`costs`: ms of an iteration in each shape at batch 1 and COST_BATCH (None: proportional to its rows,
-        a stand-in until measured)."""
-        if shapes[0] != Shape("ar", 0):
+        a stand-in until measured); `lookup_prior` one rate per draft position of the state (its width). `per_request`:
+        each request chooses alone (module docstring)."""
+        if shapes[0] != AR:
             raise ValueError("the first shape must be AR, the one every request can fall back to")
-        self.shapes = shapes
+        if any(Shape(max(a.width, b.width), max(a.masks, b.masks)) not in shapes for a in shapes for b in shapes):
+            raise ValueError("the shapes must hold the cover of any two of them")
+        self.shapes, self.per_request = shapes, per_request
         self.costs = costs or [(float(s.rows), float(COST_BATCH * s.rows)) for s in shapes]
-        self.width = max(s.width for s in shapes)
-        self.lookup_prior = lookup_prior[:self.width] + [lookup_prior[-1]] * (self.width - len(lookup_prior))
+        self.width = len(lookup_prior)      # the state's draft width
+        self.lookup_prior = lookup_prior
         self.packed = [i for i, s in enumerate(shapes) if s.kind == "packed"]
-        self.diffusion_prior = [diffusion_prior[shapes[i].width] for i in self.packed]
+        self.diffusion_prior = [diffusion_prior[shapes[i]] for i in self.packed]
         self._device: dict[torch.device, tuple] = {}
 
-    def measured(self, costs: list[tuple[float, float]]) -> "Policy":
-        """This policy with measured iteration costs."""
-        widths = (self.shapes[i].width for i in self.packed)
-        return type(self)(self.shapes, self.lookup_prior, dict(zip(widths, self.diffusion_prior)), costs)
+    def measured(self, costs: list[tuple[float, float]], per_request: bool = False) -> "Policy":
+        """This policy with measured iteration costs, choosing per request or not."""
+        shapes = (self.shapes[i] for i in self.packed)
+        return type(self)(self.shapes, self.lookup_prior, dict(zip(shapes, self.diffusion_prior)), costs, per_request)
 
     @classmethod
-    def from_profile(cls, shapes: list[Shape], profile: dict | None) -> "Policy":
+    def from_profile(cls, shapes: list[Shape], profile: dict | None, width: int | None = None) -> "Policy":
         """Priors from an acceptance profile (width.py): lookup's per-position rate from its "lookup" replay
         (tokens per iteration by width), diffusion's tokens per iteration from its "lagged" one; fixed guesses
         without one."""
-        width = max(s.width for s in shapes)
+        width = width or max(s.width for s in shapes)
         lookup = (profile or {}).get("lookup")
         per_position = ([b - a for a, b in zip([1.0] + lookup, lookup)] if lookup
                         else [LOOKUP_PRIOR ** (k + 1) for k in range(width)])
         lagged = (profile or {}).get("lagged")
-        diffusion = {s.width: (lagged[min(s.width, len(lagged)) - 1] if lagged else 1.5)
-                     for s in shapes if s.kind == "packed"}
+        diffusion = {s: (lagged[min(s.masks, len(lagged)) - 1] if lagged else 1.5) for s in shapes if s.kind == "packed"}
+        per_position = (per_position + per_position[-1:] * width)[:width]
         return cls(shapes, [max(p, 0.0) for p in per_position], diffusion)
 
-    def constants(self, device) -> tuple[torch.Tensor, ...]:
-        """(costs [S, 2], lookup prior [W], diffusion prior [P]) on `device`, made once per device (no transfer
-        inside a step)."""
+    def constants(self, device) -> "Constants":
+        """The policy's numbers as tensors on `device`, made once per device (no transfer inside a step)."""
         device = torch.device(device)
         if device not in self._device:
-            self._device[device] = (
+            self._device[device] = Constants(
                 torch.tensor(self.costs, dtype=torch.float32, device=device),
                 torch.tensor(self.lookup_prior, dtype=torch.float32, device=device),
-                torch.tensor(self.diffusion_prior, dtype=torch.float32, device=device))
+                torch.tensor(self.diffusion_prior, dtype=torch.float32, device=device),
+                torch.tensor([s.width for s in self.shapes], device=device),
+                torch.tensor([s.masks for s in self.shapes], device=device),
+                torch.tensor(self.packed, dtype=torch.int64, device=device))
         return self._device[device]
 
     def new_state(self, base: DecodeState) -> AdaptiveState:
         """A request's fresh state: `base` with the statistics at their priors and no probe."""
         device = base.done.device
-        _, lookup_prior, diffusion_prior = self.constants(device)
+        c = self.constants(device)
         zero = torch.zeros_like(base.n_out)
-        return AdaptiveState(**base.tensors(), look_hit=lookup_prior[None].clone(),
-                             diffusion=diffusion_prior[None].clone(), probe=torch.zeros_like(base.draft),
+        return AdaptiveState(**base.tensors(), look_hit=c.lookup_prior[None].clone(),
+                             diffusion=c.diffusion_prior[None].clone(), probe=torch.zeros_like(base.draft),
                              probe_len=zero.clone(), probe_at=zero.clone(),
-                             lookup_draft=torch.zeros_like(base.done), ran=zero.clone(), shape=zero.clone())
+                             lookup_draft=torch.zeros_like(base.done), ran=zero.clone(), choice=zero.clone(),
+                             shape=zero.clone())
 
     # -- after a step ------------------------------------------------------------------------------------------
     def score_lookup(self, st: AdaptiveState, draft: torch.Tensor, length: torch.Tensor, found: torch.Tensor) -> None:
@@ -145,38 +184,68 @@ class Policy:
         st.assign(active, look_hit=torch.where(observed, st.look_hit + RATE * (hit - st.look_hit), st.look_hit))
         st.assign(active & settled, probe=draft, probe_len=torch.where(found, length, 0), probe_at=st.n_out)
 
-    def observe(self, st: AdaptiveState, ran: int, emitted: torch.Tensor, verified_lookup: torch.Tensor) -> None:
-        """After shape `ran` emitted `emitted` [B] tokens: a steady packed run that verified a diffusion draft
-        updates its estimate; every other estimate drifts back to its prior."""
-        _, _, prior = self.constants(st.diffusion.device)
-        observed = torch.zeros_like(st.diffusion, dtype=torch.bool)
-        if ran in self.packed:
-            j = self.packed.index(ran)
-            steady = (st.ran == ran) & ~verified_lookup
-            observed[:, j] = steady
+    def observe(self, st: AdaptiveState, ran: torch.Tensor, emitted: torch.Tensor,
+                verified_lookup: torch.Tensor) -> None:
+        """After a step in which request b ran shape ran[b] and emitted emitted[b] tokens: a steady packed run (the
+        same shape the step before) that verified a diffusion draft updates that shape's estimate; every other
+        estimate drifts back to its prior."""
+        c = self.constants(st.diffusion.device)
+        observed = (ran[:, None] == c.packed) & ((st.ran == ran) & ~verified_lookup)[:, None]           # [B, P]
         updated = st.diffusion + RATE * (emitted[:, None].to(st.diffusion.dtype) - st.diffusion)
-        drifted = st.diffusion + DRIFT * (prior - st.diffusion)
-        st.assign(~st.done, diffusion=torch.where(observed, updated, drifted), ran=torch.full_like(st.ran, ran))
+        drifted = st.diffusion + DRIFT * (c.diffusion_prior - st.diffusion)
+        st.assign(~st.done, diffusion=torch.where(observed, updated, drifted), ran=ran)
+
+    def covers(self, shape: int, choice: torch.Tensor) -> torch.Tensor:
+        """Whether the call shape `shape` covers each request's chosen shape `choice` [B]."""
+        c = self.constants(choice.device)
+        return (c.widths[choice] <= self.shapes[shape].width) & (c.masks[choice] <= self.shapes[shape].masks)
+
+    @staticmethod
+    def cover(choice: torch.Tensor, active: torch.Tensor, c: "Constants") -> torch.Tensor:
+        """The index of the fewest-rows shape covering the active requests' choices [B] (0-d)."""
+        covering = ((c.widths[choice] * active)[:, None] <= c.widths) & ((c.masks[choice] * active)[:, None] <= c.masks)
+        return covering.all(0).long().argmax()
+
+    def lookup_gain(self, st: AdaptiveState, length: torch.Tensor) -> torch.Tensor:
+        """Expected tokens [B, W] of an iteration verifying each request's lookup draft (`length` tokens) at
+        widths 1..W."""
+        k = torch.arange(self.width, device=length.device)
+        return 1 + (st.look_hit * (k < length[:, None])).cumsum(1)
+
+    def prefers_lookup(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor) -> torch.Tensor:
+        """Which requests [B] a packed call should give their lookup draft rather than the retained proposals: those
+        with a lookup draft expected to earn as much as their best diffusion estimate."""
+        if not self.packed:
+            return found
+        return found & (self.lookup_gain(st, length)[:, -1] >= st.diffusion.amax(1))
 
     def expected(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor) -> torch.Tensor:
         """Expected tokens [B, S] of each request's next iteration in each shape, given its next lookup draft
-        (`length`, `found`)."""
-        k = torch.arange(self.width, device=length.device)
-        gain = 1 + (st.look_hit * (k < length[:, None])).cumsum(1)                        # [B, W]: by width
+        (`length`, `found`): a lookup shape verifies the lookup draft, a packed one the lookup draft where the
+        request prefers it (prefers_lookup), else its diffusion draft."""
+        gain = self.lookup_gain(st, length)
+        preferred = self.prefers_lookup(st, length, found)
         columns = []
         for i, s in enumerate(self.shapes):
             if s.kind == "ar":
                 columns.append(torch.ones_like(gain[:, 0]))
                 continue
-            lookup = torch.where(found, gain[:, s.width - 1], 1.0)
-            columns.append(lookup if s.kind == "lookup" else
-                           torch.where(found, lookup, st.diffusion[:, self.packed.index(i)]))
+            columns.append(torch.where(found, gain[:, s.width - 1], 1.0) if s.kind == "lookup" else
+                           torch.where(preferred, gain[:, s.width - 1], st.diffusion[:, self.packed.index(i)]))
         return torch.stack(columns, 1)
 
     def choose(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor) -> None:
-        """The next shape for the whole batch (every row of `shape`): the most expected tokens per ms at this
-        batch size."""
-        costs, _, _ = self.constants(length.device)
-        tokens = (self.expected(st, length, found) * (~st.done)[:, None]).sum(0)          # [S]
-        cost = costs[:, 0] + (costs[:, 1] - costs[:, 0]) * ((st.batch - 1) / (COST_BATCH - 1))
+        """Each request's shape for the next iteration (`choice`) and the call's (`shape`, every row): free, the
+        most expected tokens per ms of the batch at its size; per request, each request's most expected tokens
+        per ms alone, and the call their cover."""
+        c = self.constants(length.device)
+        active = ~st.done
+        expected = self.expected(st, length, found)                                        # [B, S]
+        if self.per_request:
+            st.assign(active, choice=(expected / c.costs[:, 0]).argmax(1))
+            st.shape.copy_(self.cover(st.choice, active, c).expand_as(st.shape))
+            return
+        tokens = (expected * active[:, None]).sum(0)                                       # [S]
+        cost = c.costs[:, 0] + (c.costs[:, 1] - c.costs[:, 0]) * ((st.batch - 1) / (COST_BATCH - 1))
         st.shape.copy_((tokens / cost).argmax().expand_as(st.shape))
+        st.choice.copy_(st.shape)

@@ -37,7 +37,7 @@ MODES = ("eager", "compile", "graph")
 # against one code object: programs (sampling settings, widths) x steps x padded batch sizes.
 RECOMPILE_LIMIT = 64
 PREFILL_CHUNK = 1024   # prompt tokens per prefill call at most (Runtime)
-COST_REPS = 3          # timed iterations per shape and batch size (Runtime.shape_costs)
+COST_REPS = 5          # timed iterations per shape and batch size (Runtime.shape_costs)
 
 
 class Runtime:
@@ -131,7 +131,7 @@ class Runtime:
     def shape_costs(self, program, batch_sizes: tuple[int, ...], cached: int = CACHE_QUANTUM) -> list[tuple]:
         """ms of one eager iteration in each of a program's call shapes (`shapes`: an adaptive program's), its
         inputs, model call and whole update, at each of `batch_sizes`, over `cached` cached tokens with a full
-        draft: the median of COST_REPS, each from the same state. For the cost model an adaptive program bets
+        draft: the fastest of COST_REPS after three warm-ups, each from the same state. For the cost model an adaptive program bets
         with (decode/policy.py), measured once when it is built."""
         sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
         prompt = [2 + i % 64 for i in range(cached)]
@@ -145,7 +145,7 @@ class Runtime:
             cache = self.model.new_cache(cached + program.reserve, batch=batch)
             for steps, cost in zip(program.shapes, costs):
                 times = []
-                for _ in range(COST_REPS + 2):
+                for _ in range(COST_REPS + 3):
                     st.copy_(start)
                     sync()
                     t0 = time.perf_counter()
@@ -153,7 +153,7 @@ class Runtime:
                         self.call(step, st, cache, None)
                     sync()
                     times.append(time.perf_counter() - t0)
-                cost.append(1e3 * statistics.median(times[2:]))
+                cost.append(1e3 * min(times[3:]))
         return [tuple(c) for c in costs]
 
     # -- the cache -------------------------------------------------------------------------------------

@@ -1,103 +1,121 @@
 """Adaptive: each iteration runs the call shape the policy bets on (decode/policy.py), AR always among them.
 
-Shapes (one model call each, n = |P|, w <= W, the state's draft width):
-  ar           [P^(n)]                                   the AR step
-  lookup   w   [P^(n), L]                  causal         the lookup draft L, verified alone
-  packed   w   [P^(n), D̄ | P^(n), MASK^w]  Packed-SS      D: the lookup draft where one is found, else the
-                                                          proposal suffix the last packed call retained
-A narrower shape verifies the first w draft tokens. After every step (the prefill too) the lookup draft of
-the prefix after the call becomes the next draft where one is found, the policy scores drafts and picks the
-next shape, and the status table carries that choice to the host, which runs it next (on CUDA an iteration
-late). The program is greedy: a sampled request runs it under shared noise (SharedNoise), where the output
-is the request's AR sample whatever shape each iteration takes, so every choice is free.
+Shapes (one model call each, n = |P|; w <= W, the state's draft width, m mask rows):
+  ar              [P^(n)]                                the AR step
+  lookup  w       [P^(n), D̄]                causal       the lookup draft, verified alone
+  packed  w / m   [P^(n), D̄ | P^(n), MASK^m]  Packed-SS    D: the lookup draft where one is found, else the
+                                                         proposal suffix the request's last packed call kept
+Every shape verifies (AR an empty draft), so a request draws its tokens with the same uniforms in any of them,
+and a request verifies no more of its draft than its own shape does: a batch runs the cover of its requests'
+shapes and each request's tokens are those it would get alone (per-request choice, the rejection sampler), or
+the policy picks the batch's shape freely (greedy and shared noise, where the output does not depend on it).
+After every step (the prefill too) the lookup draft of the prefix after the call becomes the next draft where
+one is found, the policy scores drafts and chooses, and the status table carries the call's next shape to the
+host, which runs it next (on CUDA an iteration late).
 """
 import torch
 
-from ..lookup import lookup_draft
+from ..lookup import lookup_draft, point_mass
 from ..policy import Policy, Shape
 from .base import Schedule, Step, layout
 
 
 class Adaptive(Schedule):
     name = "adaptive"
+    proposes = False      # the prefill drafts by lookup alone; the packed shapes propose in their calls
 
     def __init__(self, model, width, params, epilogue, draft_source="both", policy: Policy | None = None):
-        if not params.greedy:
-            raise ValueError("the adaptive schedule runs greedy programs: sample under shared noise "
-                             "(sampler='gumbel'), where every shape gives the same tokens")
         if policy is None or policy.width != width:
             raise ValueError(f"the adaptive schedule needs a Policy of width {width}")
-        self.proposes = any(s.kind == "packed" for s in policy.shapes)
         super().__init__(model, width, params, epilogue, draft_source)
         self.policy = policy
         self.shapes = [[Step(self._inputs(shape), self._update(i, shape))] for i, shape in enumerate(policy.shapes)]
         self.steps = self.shapes[0]
 
     def new_state(self, request, **shape):
-        return self.policy.new_state(super().new_state(request, **shape))
+        """DecodeState with the policy's fields; in the dense layout of the stored Q (idx = token) its token ids
+        are written once, so that a lookup draft's point mass is a write of its probabilities alone."""
+        st = self.policy.new_state(super().new_state(request, **shape))
+        vocab = self.model.cfg.vocab_size
+        if not self.params.greedy and st.q_idx.shape[2] == vocab:
+            st.q_idx.copy_(torch.arange(vocab, device=st.q_idx.device).expand_as(st.q_idx))
+        return st
 
     # -- the shapes' calls -------------------------------------------------------------------------------------
     def _inputs(self, shape: Shape):
-        w, device = shape.width, self.device
+        w, m, device = shape.width, shape.masks, self.device
         slots = torch.arange(w, device=device)
-        if shape.kind == "ar":
-            offsets, lay = torch.zeros(1, dtype=torch.int64, device=device), layout(device, 1)
-        elif shape.kind == "lookup":
-            offsets, lay = torch.arange(w + 1, device=device), layout(device, w + 1)
-        else:
-            offsets, lay = torch.arange(w + 1, device=device).repeat(2), layout(device, w + 1, [1] * (w + 1),
-                                                                                 [-1] * (w + 1))
-        masks = self.masks(w) if shape.kind == "packed" else None
+        offsets = torch.cat([torch.arange(w + 1, device=device)] + ([torch.arange(m + 1, device=device)] if m else []))
+        lay = layout(device, w + 1, [1] * (m + 1), [-1] * (m + 1)) if m else layout(device, w + 1)
+        masks = self.masks(m) if m else None
 
         def inputs(st):
             last = st.last[:, None]
-            if shape.kind == "ar":
-                return self.input_at(st, last, offsets, lay)
-            draft = torch.where(slots < st.draft_len[:, None], st.draft[:, :w], self.mask_id if masks is not None
-                                else last)
-            if shape.kind == "lookup":
-                return self.input_at(st, torch.cat([last, draft], 1), offsets, lay)
-            return self.input_at(st, torch.cat([last, draft, last, masks.expand(st.batch, -1)], 1), offsets, lay)
+            parts = [last, torch.where(slots < st.draft_len[:, None], st.draft[:, :w], last)]
+            if m:
+                parts += [last, masks.expand(st.batch, -1)]
+            return self.input_at(st, torch.cat(parts, 1), offsets, lay)
         return inputs
 
     def _update(self, index: int, shape: Shape):
-        w = shape.width
+        w, m = shape.width, shape.masks
 
         def update(st, logits):
             rows = self.epilogue.rows(logits)
-            verified_lookup, before = st.lookup_draft.clone(), st.n_out.clone()
-            if shape.kind == "ar":
-                self.epilogue.step(st, token=rows)
+            c = self.policy.constants(st.done.device)
+            ran = st.choice if self.policy.per_request else torch.full_like(st.choice, index)
+            held = ~st.done & ~self.policy.covers(index, ran)     # chose a wider shape than this call: sits out
+            verified_lookup, before, offset = st.lookup_draft.clone(), st.n_out.clone(), st.offset.clone()
+            st.done.logical_or_(held)
+            st.assign(~st.done, draft_len=torch.minimum(st.draft_len, c.widths[ran]))
+            verify = self._padded(rows[:w + 1])
+            if m:
+                self.epilogue.step(st, verify=verify, propose=rows[w + 2:], retain="a")
             else:
-                st.assign(~st.done, draft_len=st.draft_len.clamp(max=w))
-                verify = self._padded(rows[:w + 1])
-                if shape.kind == "lookup":
-                    self.epilogue.step(st, verify=verify)
-                else:
-                    self.epilogue.step(st, verify=verify, propose=rows[w + 2:], retain="a")
-            self.policy.observe(st, index, st.n_out - before, verified_lookup)
-            self.redraft(st, keep_proposals=shape.kind == "packed")
+                self.epilogue.step(st, verify=verify)
+            self.policy.observe(st, ran, st.n_out - before, verified_lookup)
+            self.redraft(st, keep=(c.masks[ran] > 0) if m else None, held=(held, offset))
         return update
 
     def _padded(self, rows):
-        """Greedy verifier rows [B, w + 1] widened to the state's W + 1 (the epilogue's shape): draft tokens
-        past w are never compared (draft_len <= w), so the padding is never read."""
-        arg = rows.arg
-        return type(rows)(arg=torch.cat([arg, arg[:, -1:].expand(-1, self.width + 1 - arg.shape[1])], 1),
-                          vocab=rows.vocab)
+        """Verifier rows [B, w + 1, ...] widened to the state's W + 1 (the epilogue's shape) with copies of the
+        last: draft tokens past w are never compared (draft_len <= w), so the copies are never read."""
+        def widen(t):
+            return None if t is None else torch.cat([t, t[:, -1:].expand(-1, self.width - t.shape[1] + 1,
+                                                                           *t.shape[2:])], 1)
+        return type(rows)(arg=widen(rows.arg), idx=widen(rows.idx), prob=widen(rows.prob), vocab=rows.vocab)
+
+    def _point_mass(self, st, draft: torch.Tensor, rows: torch.Tensor) -> None:
+        """A lookup draft's stored Q, in place in the `rows` [B] that take one: all mass on each draft token (in
+        the dense layout, idx = token; else the layout of lookup.point_mass, idx = d, d + 1, ...)."""
+        support, vocab = st.q_idx.shape[2], self.model.cfg.vocab_size
+        if support != vocab:
+            idx, _ = point_mass(draft, support, vocab)
+            st.q_idx.copy_(torch.where(rows[:, None, None], idx, st.q_idx))
+        st.q_prob.masked_fill_(rows[:, None, None], 0.0)
+        at = draft.clamp(min=0)[:, :, None] if support == vocab else torch.zeros_like(draft)[:, :, None]
+        st.q_prob.scatter_(2, at, torch.where(rows[:, None, None], 1.0, st.q_prob.gather(2, at)))
 
     # -- after every step ----------------------------------------------------------------------------------------
-    def redraft(self, st, keep_proposals: bool = True) -> None:
-        """The lookup draft of the prefix after the call replaces the draft where one is found (elsewhere the
-        packed call's retained proposals stay, or, after another shape, no draft); the policy scores it and
-        picks the next shape."""
+    def redraft(self, st, keep: torch.Tensor | None = None, held=None) -> None:
+        """The lookup draft of the prefix after the call becomes the next draft where one is found (a point mass Q
+        when sampled), unless the request keeps the proposals its packed call retained (`keep` [B], its shape
+        proposes) and expects more of them (Policy.prefers_lookup); elsewhere there is no draft. Then requests that sat the step out (`held`: which, and their RNG
+        offsets before it) rejoin unchanged, and the policy scores the lookup draft and chooses."""
         if self.looks_up:
             draft, length, found = lookup_draft(st, self.width)
         else:
             draft, length, found = st.draft, st.draft_len, torch.zeros_like(st.done)
-        otherwise = st.draft_len if keep_proposals and self.proposes else torch.zeros_like(st.draft_len)
-        st.assign(~st.done, draft=torch.where(found[:, None], draft, st.draft),
-                  draft_len=torch.where(found, length, otherwise), lookup_draft=found)
+        keep = torch.zeros_like(found) if keep is None else keep
+        lookup = found & (self.policy.prefers_lookup(st, length, found) | ~keep)
+        st.assign(~st.done, draft=torch.where(lookup[:, None], draft, st.draft),
+                  draft_len=torch.where(lookup, length, torch.where(keep, st.draft_len, 0)), lookup_draft=lookup)
+        if not self.params.greedy and self.looks_up:
+            self._point_mass(st, draft, lookup & ~st.done)
         if self.looks_up:
             self.policy.score_lookup(st, draft, length, found)
+        if held is not None:
+            sat_out, offset = held
+            st.done.logical_and_(~sat_out)
+            st.offset.copy_(torch.where(sat_out, offset, st.offset))
         self.policy.choose(st, length, found)

@@ -72,8 +72,12 @@ def engines(model, configs) -> dict[str, Engine]:
 
 def decode_units(methods: dict[str, Engine], prompts, batch: int, setting: str, max_new: int, seed: int,
                  bar) -> list[Record]:
-    """Every unit of `batch` prompts by every method, the order rotating from unit to unit."""
+    """Every unit of `batch` prompts by every method, the order rotating from unit to unit, after an untimed
+    warm-up of each method at this setting (it builds the setting's program: the adaptive one measures its
+    shapes' costs then)."""
     records, names = [], list(methods)
+    for engine in methods.values():
+        engine.generate_batch(prompts[:batch], 4, seed=seed, batch_size=batch, **SETTINGS[setting])
     for unit, start in enumerate(range(0, len(prompts), batch)):
         chunk = prompts[start:start + batch]
         seeds = [seed + start + i for i in range(len(chunk))]

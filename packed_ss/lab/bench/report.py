@@ -18,7 +18,7 @@ def write_results(out: Path, stem: str, result: dict, markdown: str) -> None:
     print(markdown)
 
 
-def _pyplot():
+def pyplot():
     """matplotlib's pyplot on the file-only Agg backend (the `bench` extra)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -95,7 +95,7 @@ def schedules_markdown(result: dict) -> str:
 
 def plot_latency(lat: dict, path: Path):
     """Median latency per call layout (bars: IQR) against input rows, with the fitted line."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for kind in dict.fromkeys(p["kind"] for p in lat["points"]):
         pts = [p for p in lat["points"] if p["kind"] == kind]
@@ -116,7 +116,7 @@ def plot_latency(lat: dict, path: Path):
 
 def plot_ratios(result: dict, path: Path):
     """Per temperature: each method's throughput, tokens/NFE and time/NFE ratios to Linear-SS, with CIs."""
-    plt = _pyplot()
+    plt = pyplot()
     temps = result["meta"]["temperatures"]
     metrics = [("throughput_ratio", "throughput ratio\n(tokens/s over Linear-SS tokens/s)"),
                ("tokens_per_nfe_ratio", "tokens/NFE ratio\n(over Linear-SS)"),
@@ -239,7 +239,7 @@ def batch_markdown(result: dict) -> str:
 
 def plot_batch(result: dict, path: Path):
     """Aggregate throughput and speed-up over the sequential baseline against batch size, per configuration."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     sizes = result["meta"]["batch_sizes"]
     for i, c in enumerate(result["configs"]):

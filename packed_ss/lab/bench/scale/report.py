@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..report import _pyplot
+from ..report import pyplot
 
 GOALS = {"packed_over_weight_read": 1.25, "packed_over_ar": 1.15, "nonmodel_share": 0.05, "attention_copy_share": 0.5}
 
@@ -138,7 +138,7 @@ def _targets_markdown(t: dict) -> str:
 
 def _panels(n: int, width: float):
     """(pyplot, figure, axes) of `n` panels side by side."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, max(1, n), figsize=(width * max(1, n), 4), squeeze=False)
     return plt, fig, axes[0]
 

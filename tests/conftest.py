@@ -1,6 +1,7 @@
 """Without a GPU, Triton kernels run in its interpreter (the flag must be set before triton is imported); the
 CUDA-graph loop runs on the CPU through stand-ins (`eager_graphs`)."""
 import functools
+import json
 import os
 
 import pytest
@@ -38,3 +39,14 @@ def eager_graphs(monkeypatch):
     monkeypatch.setattr(graphs_mod, "capture", capture)
     monkeypatch.setattr(poll_mod.Poll, "__init__", functools.partialmethod(poll_mod.Poll.__init__, lag=1))
     return replays
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """The shipped model and its tokens of the first three HumanEval prompts (code repeats: lookup drafts are
+    accepted many tokens deep)."""
+    import packed_ss
+    model = packed_ss.load_model()
+    tok = packed_ss.load_tokenizer(packed_ss.model.loading.default_model_path())
+    rows = [json.loads(line) for line in open("bench/humaneval-32.jsonl")][:3]
+    return model, [tok.encode(r["prompt"]).ids for r in rows]

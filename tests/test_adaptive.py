@@ -1,14 +1,18 @@
 """The adaptive schedule (decode/schedules/adaptive.py) and its policy (decode/policy.py): whatever call shapes
-the policy picks, greedy output equals AR's and a seeded sampled request returns its AR sample (shared noise), and
-batched equals alone. A policy forced to switch shapes at every iteration shows the switches are safe; the
-policy's statistics and choice are checked on states built by hand."""
-import json
+the policy picks, greedy output equals AR's, a seeded sampled request returns its AR sample under shared noise,
+and under the rejection sampler batched equals alone and sequences follow the AR law (G-tests, with a broken
+rule flagged). A policy forced to switch shapes every other iteration shows the switches are safe; the policy's
+statistics and choice are checked on states built by hand."""
 
 import pytest
 import torch
 from tiny_models import checkpoint
 
+from sampling_law import (ALPHA, POWER, T1, TOP_K, TOP_P, ar_checkpoint, ar_law, bonus_from_residual, case_id, draw,
+                          draw_batched, follows, g_test_pvalue, length_for)
+
 import packed_ss
+import packed_ss.decode.epilogue.reference as torch_epilogue
 from packed_ss.decode.epilogue import native_available
 from packed_ss.decode.policy import RATE, Policy, Shape, shapes_for
 from packed_ss.decode.sampling import SamplingParams
@@ -18,12 +22,13 @@ from packed_ss.runtime.batch import Batch
 
 class Cycling(Policy):
     """Switches shape every other iteration, whatever it earns (a request's shape after its n-th call is
-    n // 2 mod S: twice in a row, so that a packed shape verifies the proposals its first call retained).
+    ((n - 1) // 2 - 1) mod S: twice in a row, so that a packed shape verifies the proposals its first call retained,
+    the widest first after the prefill, so that a short output can hold a bonus).
     Choosing per request, requests that joined at different times switch at different iterations."""
 
     def choose(self, st, length, found):
         c = self.constants(st.done.device)
-        st.assign(~st.done, choice=(st.nfe // 2) % len(self.shapes))
+        st.assign(~st.done, choice=((st.nfe - 1) // 2 - 1) % len(self.shapes))
         if not self.per_request:
             st.choice.copy_(st.choice.max().expand_as(st.choice))
         st.shape.copy_(self.cover(st.choice, ~st.done, c).expand_as(st.shape))
@@ -48,14 +53,6 @@ def shapes_run(monkeypatch):
         return iterate(self, first, shape)
     monkeypatch.setattr(Batch, "iterate", recording)
     return seen
-
-
-@pytest.fixture(scope="module")
-def shipped():
-    model = packed_ss.load_model()
-    tok = packed_ss.load_tokenizer(packed_ss.model.loading.default_model_path())
-    rows = [json.loads(line) for line in open("bench/humaneval-32.jsonl")][:3]
-    return model, [tok.encode(r["prompt"]).ids for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +207,28 @@ def test_rejection_sampled_batched_equals_alone(random_model, shapes_run, settin
     batched = engine.generate_batch(prompts, lengths, eos_token_id=[], seed=7, batch_size=3, **setting)
     assert [r.tokens for r in batched] == alone
     assert len(set(shapes_run)) > 1
+
+
+# -- the law: sampled sequences follow the AR distribution with the shapes switching (tests/sampling_law.py) -------
+@pytest.fixture
+def switching(monkeypatch):
+    """Every engine built in the test runs the adaptive schedule with the Cycling policy."""
+    monkeypatch.setattr(packed_ss.engine, "Policy", Cycling)
+
+
+LAW_CASES = [(T1, False), (TOP_K, False), (TOP_P, False), (T1, True), (TOP_K, True)]
+
+
+@pytest.mark.parametrize("params,batched", LAW_CASES, ids=[f"{case_id('adaptive', 2, p)}-{'batched' if b else 'alone'}"
+                                                           for p, b in LAW_CASES])
+def test_sequences_follow_ar_distribution(switching, params, batched):
+    path = ar_checkpoint()
+    draws = (draw_batched if batched else draw)(path, "adaptive", 2, params)
+    assert follows(draws, ar_law(path, params, length_for(2))) > ALPHA
+
+
+def test_a_broken_bonus_is_flagged(switching, monkeypatch):
+    monkeypatch.setattr(torch_epilogue, "verify_sampled", bonus_from_residual)
+    path = ar_checkpoint()
+    p_value = g_test_pvalue(draw(path, "adaptive", 2, T1, epilogue="torch").samples, ar_law(path, T1, length_for(2)))
+    assert p_value < POWER, p_value

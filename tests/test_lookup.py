@@ -1,7 +1,6 @@
 """The lookup drafter (decode/lookup.py) against a plain Python reference, at its edges; greedy output with lookup
 drafts equal to AR for every schedule and draft source, batched equal to alone, native equal to torch; causal
 checkpoints without a drafting mode."""
-import json
 import random
 
 import pytest
@@ -115,14 +114,6 @@ def test_continuation_ignores_what_follows_the_end():
 
 
 # -- decoding with lookup drafts ------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def shipped():
-    model = packed_ss.load_model()
-    tok = packed_ss.load_tokenizer(packed_ss.model.loading.default_model_path())
-    rows = [json.loads(line) for line in open("bench/humaneval-32.jsonl")][:3]
-    return model, [tok.encode(r["prompt"]).ids for r in rows]
-
-
 DRAFTING = [(s, d) for s in ("linear", "quadratic", "packed") for d in ("lookup", "both")] + [("lookup", None)]
 
 

@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sampler", choices=SAMPLERS, default=None,
                      help="how sampled drafts are verified (both exact): 'rejection' (paper Alg. 2) or 'gumbel' "
                           "(shared noise: the same text for a seed under every schedule and width); default "
-                          "gumbel for the adaptive schedule, which needs it, rejection for the others")
+                          "rejection")
     gen.add_argument("--dtype", choices=DTYPES, default=None,
                      help="model dtype (default: the checkpoint's torch_dtype on CUDA, float32 on the CPU)")
     gen.add_argument("--no-draft-adapter", action="store_true",

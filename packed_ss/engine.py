@@ -8,7 +8,6 @@ import warnings
 from functools import partial
 from typing import Iterator
 
-import torch
 from tqdm import tqdm
 
 from .checks import check_drafts, check_int, check_request, check_requests

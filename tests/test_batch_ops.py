@@ -6,7 +6,6 @@ both epilogues. A step written per request (a Python loop over the slots) costs 
 one the same number of ops, whatever the batch. The bound is 1.2x.
 """
 import pytest
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import packed_ss

@@ -112,7 +112,6 @@ class SimpleCase:
             arg = torch.randint(0, self.vocab, (b, r_total), generator=gen)
             for i in range(b):
                 arg[i, lead:lead + agree[i]] = st_fields["draft"][i, :agree[i]]
-            big = dict(arg=arg, vocab=self.vocab)
             cut = lambda lo, hi: Rows(arg=arg[:, lo:hi], vocab=self.vocab)   # noqa: E731
         else:
             sparse = self.mode == "sparse"
@@ -123,7 +122,6 @@ class SimpleCase:
                 prob[i, lead:lead + agree[i]] = st_fields["q_prob"][i, :agree[i]].to(self.dtype)
                 if sparse:
                     idx[i, lead:lead + agree[i]] = st_fields["q_idx"][i, :agree[i]]
-            big = dict(idx=idx, prob=prob, vocab=self.vocab)
             cut = lambda lo, hi: Rows(idx=None if idx is None else idx[:, lo:hi], prob=prob[:, lo:hi],  # noqa: E731
                                       vocab=self.vocab)
         return cut(lead, lead + block), cut(lead, lead + 1), cut(z0, z0 + n_z)

@@ -17,7 +17,6 @@ other holds it).
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
 from typing import Callable, Iterator

@@ -25,7 +25,6 @@ import contextlib
 import math
 import time
 from collections import deque
-from typing import Callable
 
 import torch
 

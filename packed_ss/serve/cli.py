@@ -23,8 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", default=None, help="decoding schedule (default: the engine's, adaptive)")
     p.add_argument("--width", type=_width, default="auto", help="draft width: auto (default) or an integer")
     p.add_argument("--sampler", choices=("rejection", "gumbel"), default=None,
-                   help="how sampled drafts are verified (both exact; default: gumbel for the adaptive schedule, "
-                        "rejection for the others)")
+                   help="how sampled drafts are verified (both exact; default rejection)")
     p.add_argument("--max-batch", type=int, default=64, help="requests decoded at once at most (default 64)")
     p.add_argument("--max-waiting", type=int, default=256,
                    help="requests queued beyond those; more get HTTP 429 (default 256)")

@@ -14,7 +14,7 @@ from sampling_law import (ALPHA, POWER, T1, TOP_K, TOP_P, ar_checkpoint, ar_law,
 import packed_ss
 import packed_ss.decode.epilogue.reference as torch_epilogue
 from packed_ss.decode.epilogue import native_available
-from packed_ss.decode.policy import RATE, Policy, Shape, shapes_for
+from packed_ss.decode.policy import QUIET, QUIET_RUNS, RATE, Policy, Shape, shapes_for
 from packed_ss.decode.sampling import SamplingParams
 from packed_ss.runtime import Request
 from packed_ss.runtime.batch import Batch
@@ -26,7 +26,7 @@ class Cycling(Policy):
     the widest first after the prefill, so that a short output can hold a bonus).
     Choosing per request, requests that joined at different times switch at different iterations."""
 
-    def choose(self, st, length, found):
+    def choose(self, st, length, found, passive=None):
         c = self.constants(st.done.device)
         st.assign(~st.done, choice=((st.nfe - 1) // 2 - 1) % len(self.shapes))
         if not self.per_request:
@@ -34,8 +34,22 @@ class Cycling(Policy):
         st.shape.copy_(self.cover(st.choice, ~st.done, c).expand_as(st.shape))
 
 
-def cycling(engine):
-    engine.policy_type = Cycling
+class Dozing(Cycling):
+    """Cycling, and a request dozes (goes quiet for 3 iterations) after its calls 3, 10, 17, ..: requests that
+    joined at different times doze at different iterations, so calls hold quiet requests beside the others, and
+    the lean QUIET call runs where all are quiet."""
+
+    def choose(self, st, length, found, passive=None):
+        passive = torch.zeros_like(st.done) if passive is None else passive
+        kept = st.choice.clone()
+        super().choose(st, length, found)
+        st.choice.copy_(torch.where(passive, kept, st.choice))          # a quiet request keeps its choice
+        st.assign(~st.done & ~passive & (st.nfe % 7 == 3), quiet=torch.full_like(st.quiet, 3))
+        self.count_down(st, passive, st.shape[0])
+
+
+def cycling(engine, policy=Cycling):
+    engine.policy_type = policy
     return engine
 
 
@@ -104,7 +118,8 @@ def state(policy: Policy, batch: int = 1, out=(), prompt=(0,)):
     program_width = policy.width
     from packed_ss.decode.state import DecodeState
     one = DecodeState.new(program_width, 1, 64, [], 0, "cpu", prompt_len=len(prompt))
-    st = policy.new_state(type(one).cat([one] * batch))
+    one = policy.new_state(one)
+    st = type(one).cat([one] * batch)
     st.out[:, :len(out)] = torch.tensor(out, dtype=torch.int64)
     st.n_out.fill_(len(out))
     return st
@@ -152,7 +167,55 @@ def test_the_choice_weighs_expected_tokens_against_cost(hit, batch, want):
     st.look_hit.copy_(hit ** torch.arange(1, 17.0))      # draft token k right with probability hit^(k+1)
     st.diffusion.fill_(1.0)
     policy.choose(st, torch.full((batch,), 16), torch.ones(batch, dtype=torch.bool))
-    assert shapes[st.shape[0].item()] == want and (st.shape == st.shape[0]).all()
+    chosen = "quiet" if st.shape[0].item() == QUIET else shapes[st.shape[0].item()]
+    assert chosen == ("quiet" if want == Shape(0) else want) and (st.shape == st.shape[0]).all()   # AR: it dozes
+
+
+def test_a_request_no_draft_pays_for_goes_quiet_for_doubling_runs():
+    """Lookup drafts never right and diffusion drafts earning one token: the request goes quiet (the call is
+    QUIET), counts down passively, and its next quiet run is twice as long; one whose drafts pay stays awake."""
+    shapes = shapes_for(4, "both")
+    policy = Policy.from_profile(shapes, None).measured([(1.0 + 0.1 * s.rows, 8.0 + s.rows) for s in shapes], True)
+    st = state(policy, 2)
+    st.look_hit[0].zero_()
+    st.diffusion[0].fill_(1.0)
+    st.look_hit[1].fill_(0.95)
+    length, found = torch.full((2,), 4), torch.ones(2, dtype=torch.bool)
+    policy.choose(st, length, found)
+    assert st.quiet.tolist() == [QUIET_RUNS[0], 0] and st.quiet_run.tolist() == [2 * QUIET_RUNS[0], QUIET_RUNS[0]]
+    assert shapes[st.shape[0].item()] == Shape(4)                           # the awake request's lookup call
+    hit = st.look_hit.clone()
+    st.done[1] = True                                                       # alone now: every live request quiet
+    for left in range(QUIET_RUNS[0] - 1, -1, -1):
+        passive = st.quiet > 0
+        policy.choose(st, length, found, passive)
+        assert st.quiet[0].item() == left and torch.equal(st.look_hit, hit)
+        assert st.shape[0].item() == (QUIET if left else 0)
+    policy.choose(st, length, found, st.quiet > 0)                          # awake, still hopeless: twice as long
+    assert st.quiet[0].item() == 2 * QUIET_RUNS[0] and shapes[st.choice[0].item()] == Shape(0)
+
+
+@pytest.mark.parametrize("epilogue", ["torch", "native"])
+@pytest.mark.parametrize("policy", [Dozing, Policy], ids=["dozing", "default"])
+def test_quiet_requests_keep_greedy_and_rejection_output(random_model, shapes_run, epilogue, policy):
+    """Requests dozing at their own phases (forced, or by the default policy's own statistics): greedy output
+    equals AR's, and under the rejection sampler batched equals alone, with quiet requests sitting in other
+    shapes' calls and lean QUIET calls run."""
+    if epilogue == "native" and not native_available("cpu"):
+        pytest.skip("the native epilogue is not built")
+    prompts = [[3, 17, 42, 8, 9], list(range(1, 20)), [9, 9, 9, 9, 9, 9], [60, 3], [5, 6, 5, 6, 5]]
+    lengths = [30, 24, 18, 30, 12]
+    ar = packed_ss.Engine(random_model, schedule="ar").generate_batch(prompts, lengths, eos_token_id=[])
+    engine = cycling(packed_ss.Engine(random_model, width=4, epilogue=epilogue), policy)
+    greedy = engine.generate_batch(prompts, lengths, eos_token_id=[], batch_size=3)
+    assert [r.tokens for r in greedy] == [r.tokens for r in ar]
+    setting = dict(temperature=1.2, top_p=0.9)
+    alone = [engine.generate(p, n, eos_token_id=[], seed=7 + i, **setting).tokens
+             for i, (p, n) in enumerate(zip(prompts, lengths))]
+    shapes_run.clear()
+    batched = engine.generate_batch(prompts, lengths, eos_token_id=[], seed=7, batch_size=3, **setting)
+    assert [r.tokens for r in batched] == alone
+    assert QUIET in shapes_run and len(set(shapes_run)) >= (3 if policy is Dozing else 2)
 
 
 def test_diffusion_estimates_drift_back_to_their_prior():

@@ -22,11 +22,20 @@ Two ways to choose, by what the output may depend on:
   and COST_BATCH, measured once when the engine builds the program, Runtime.shape_costs: inputs, model call and
   the whole update, sampling and this policy included; linear in the batch size between and beyond);
 - per request (the rejection sampler, whose drafts and draws depend on the width): each request picks its own
-  shape from its own statistics and the batch-1 costs, so its tokens depend on its own tokens and draws alone;
+  shape from its own statistics and the costs at COST_BATCH (rows as dear as in a full batch: the costs are
+  fixed when the engine starts, and a request alone bets like one in a batch), so its tokens depend on its own
+  tokens and draws alone;
   the call runs the cover of the live requests' shapes, every request verifying within its own width and
   keeping proposals only if its shape proposes. A request whose shape the call does not cover (the host's
   choice runs an iteration late on CUDA) sits that iteration out, unchanged.
-AR is always a candidate, and the first on a tie.
+AR is always a candidate, and wins unless a shape promises MARGIN more tokens per ms (the costs are measured on a
+machine that may be busy, and a wrong bet costs more than a missed one).
+Quiet periods: a request whose own best shape is AR (at the COST_BATCH costs) goes quiet for QUIET_RUNS[0]
+iterations, or, while it would choose AR even with a full lookup draft in hand (no draft earns its rows), for a
+run that doubles each time up to QUIET_RUNS[1] and falls back once a draft could pay. A quiet request is passive in every call: it verifies an empty draft, and nothing
+of its statistics, draft or choice changes; when every live request is quiet, the call is the lean AR step
+(shape index QUIET: no lookup, no scoring, no choice), so that decoding at AR costs what AR costs. Whether a
+request is quiet depends on its own statistics alone, so the output still depends on its own tokens and draws.
 Nothing here reads a clock while decoding; the choice only changes speed, never the output.
 """
 from __future__ import annotations
@@ -42,6 +51,10 @@ RATE = 0.125        # weight of a new observation in a running mean
 DRIFT = 1 / 32      # per iteration, how far an unobserved diffusion estimate moves back to its prior
 LOOKUP_PRIOR = 0.5  # P(lookup draft token k right | a draft), per position, without a profile
 COST_BATCH = 8      # the second batch size an iteration's cost is measured at (the first is 1)
+MARGIN = 1.1       # how much more than AR's tokens per ms another shape must promise
+QUIET_RUNS = (2, 32)  # a quiet period's length: the first, and the longest it doubles to
+QUIET = -1          # the call shape when every live request is quiet: the program's last (the host runs the
+                    # widest any row asks for, so a row that is not quiet outvotes it)
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,8 @@ class AdaptiveState(DecodeState):
     """DecodeState plus the policy's statistics and choice (module docstring). `probe` [B, W] / `probe_len` the
     lookup draft being scored, made when the output was `probe_at` tokens long; `lookup_draft` whether the
     current draft is a lookup draft; `ran` the shape of the last step; `choice` the request's shape for the next
-    one, `shape` the call's (the status table carries it to the host)."""
+    one, `shape` the call's (the status table carries it to the host); `quiet` the iterations the request stays
+    passive, `quiet_run` the length of its next quiet period."""
     look_hit: torch.Tensor = None
     diffusion: torch.Tensor = None
     probe: torch.Tensor = None
@@ -95,6 +109,8 @@ class AdaptiveState(DecodeState):
     ran: torch.Tensor = None
     choice: torch.Tensor = None
     shape: torch.Tensor = None
+    quiet: torch.Tensor = None
+    quiet_run: torch.Tensor = None
 
 
 class Constants(NamedTuple):
@@ -167,13 +183,15 @@ class Policy:
                              diffusion=c.diffusion_prior[None].clone(), probe=torch.zeros_like(base.draft),
                              probe_len=zero.clone(), probe_at=zero.clone(),
                              lookup_draft=torch.zeros_like(base.done), ran=zero.clone(), choice=zero.clone(),
-                             shape=zero.clone())
+                             shape=zero.clone(), quiet=zero.clone(), quiet_run=torch.full_like(zero, QUIET_RUNS[0]))
 
     # -- after a step ------------------------------------------------------------------------------------------
-    def score_lookup(self, st: AdaptiveState, draft: torch.Tensor, length: torch.Tensor, found: torch.Tensor) -> None:
+    def score_lookup(self, st: AdaptiveState, draft: torch.Tensor, length: torch.Tensor, found: torch.Tensor,
+                     passive: torch.Tensor | None = None) -> None:
         """Score the probe against the tokens emitted since it was made; once it is settled (a miss seen, or
-        every token compared), fold it into look_hit and probe the new lookup draft (`draft`, `length`, `found`)."""
-        active = ~st.done
+        every token compared), fold it into look_hit and probe the new lookup draft (`draft`, `length`, `found`).
+        `passive` [B]: quiet requests, left as they are."""
+        active = ~st.done if passive is None else ~st.done & ~passive
         k = torch.arange(self.width, device=draft.device)
         compared = torch.minimum(st.n_out - st.probe_at, st.probe_len)
         seen = st.out.gather(1, (st.probe_at[:, None] + k).clamp(max=st.out.shape[1] - 1))
@@ -185,15 +203,15 @@ class Policy:
         st.assign(active & settled, probe=draft, probe_len=torch.where(found, length, 0), probe_at=st.n_out)
 
     def observe(self, st: AdaptiveState, ran: torch.Tensor, emitted: torch.Tensor,
-                verified_lookup: torch.Tensor) -> None:
+                verified_lookup: torch.Tensor, passive: torch.Tensor | None = None) -> None:
         """After a step in which request b ran shape ran[b] and emitted emitted[b] tokens: a steady packed run (the
         same shape the step before) that verified a diffusion draft updates that shape's estimate; every other
-        estimate drifts back to its prior."""
+        estimate drifts back to its prior. Quiet requests (`passive`) are left as they are."""
         c = self.constants(st.diffusion.device)
         observed = (ran[:, None] == c.packed) & ((st.ran == ran) & ~verified_lookup)[:, None]           # [B, P]
         updated = st.diffusion + RATE * (emitted[:, None].to(st.diffusion.dtype) - st.diffusion)
         drifted = st.diffusion + DRIFT * (c.diffusion_prior - st.diffusion)
-        st.assign(~st.done, diffusion=torch.where(observed, updated, drifted), ran=ran)
+        st.assign(~st.done if passive is None else ~st.done & ~passive, diffusion=torch.where(observed, updated, drifted), ran=ran)
 
     def covers(self, shape: int, choice: torch.Tensor) -> torch.Tensor:
         """Whether the call shape `shape` covers each request's chosen shape `choice` [B]."""
@@ -234,18 +252,44 @@ class Policy:
                            torch.where(preferred, gain[:, s.width - 1], st.diffusion[:, self.packed.index(i)]))
         return torch.stack(columns, 1)
 
-    def choose(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor) -> None:
+    def choose(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor,
+               passive: torch.Tensor | None = None) -> None:
         """Each request's shape for the next iteration (`choice`) and the call's (`shape`, every row): free, the
         most expected tokens per ms of the batch at its size; per request, each request's most expected tokens
-        per ms alone, and the call their cover."""
+        per ms alone, and the call their cover. Quiet requests (`passive`) keep theirs; a request whose own best
+        is AR goes quiet (module docstring)."""
         c = self.constants(length.device)
-        active = ~st.done
+        passive = torch.zeros_like(st.done) if passive is None else passive
+        choosing = ~st.done & ~passive
         expected = self.expected(st, length, found)                                        # [B, S]
+        own = self.best(expected, c.costs[:, 1])                                           # [B]
         if self.per_request:
-            st.assign(active, choice=(expected / c.costs[:, 0]).argmax(1))
-            st.shape.copy_(self.cover(st.choice, active, c).expand_as(st.shape))
-            return
-        tokens = (expected * active[:, None]).sum(0)                                       # [S]
-        cost = c.costs[:, 0] + (c.costs[:, 1] - c.costs[:, 0]) * ((st.batch - 1) / (COST_BATCH - 1))
-        st.shape.copy_((tokens / cost).argmax().expand_as(st.shape))
-        st.choice.copy_(st.shape)
+            st.assign(choosing, choice=own)
+            call = self.cover(st.choice, choosing, c)
+        else:
+            tokens = (expected * choosing[:, None]).sum(0)                                 # [S]
+            cost = c.costs[:, 0] + (c.costs[:, 1] - c.costs[:, 0]) * ((st.batch - 1) / (COST_BATCH - 1))
+            call = self.best(tokens, cost)
+            st.choice.copy_(call.expand_as(st.choice))
+        full = torch.full_like(length, self.width)
+        hopeless = self.best(self.expected(st, full, torch.ones_like(found)), c.costs[:, 1]) == 0
+        st.assign(choosing & (own == 0), quiet=torch.where(hopeless, st.quiet_run, QUIET_RUNS[0]))
+        st.assign(choosing & (own == 0) & hopeless, quiet_run=(2 * st.quiet_run).clamp(max=QUIET_RUNS[1]))
+        st.assign(choosing & ~hopeless, quiet_run=torch.full_like(st.quiet_run, QUIET_RUNS[0]))
+        self.count_down(st, passive, call)
+
+    @staticmethod
+    def best(tokens: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:
+        """The shape [...] of the most tokens [..., S] per ms (cost [S]), AR's rate counted MARGIN times."""
+        rate = tokens / cost
+        return torch.cat([rate[..., :1] * MARGIN, rate[..., 1:]], -1).argmax(-1)
+
+    def count_down(self, st: AdaptiveState, passive: torch.Tensor, call: torch.Tensor | None = None) -> None:
+        """After a step, the quiet requests (`passive`) count one iteration down, and the call's shape is published:
+        QUIET when every live request is still quiet, else `call` (None: the cover of the others' choices)."""
+        live = ~st.done
+        st.assign(live & passive, quiet=st.quiet - 1)
+        awake = live & (st.quiet == 0)
+        if call is None:
+            call = self.cover(st.choice, awake, self.constants(st.done.device))
+        st.shape.copy_(torch.where(awake.any(), call, QUIET).expand_as(st.shape))

@@ -36,7 +36,7 @@ MODES = ("eager", "compile", "graph")
 # against one code object: programs (sampling settings, widths) x steps x padded batch sizes.
 RECOMPILE_LIMIT = 64
 PREFILL_CHUNK = 1024   # prompt tokens per prefill call at most (Runtime)
-COST_REPS = 5          # timed iterations per shape and batch size (Runtime.shape_costs)
+COST_REPS = 8          # timed iterations per shape and batch size (Runtime.shape_costs)
 
 
 class Runtime:
@@ -130,11 +130,12 @@ class Runtime:
     def shape_costs(self, program, batch_sizes: tuple[int, ...], cached: int = CACHE_QUANTUM) -> list[tuple]:
         """ms of one eager iteration in each of a program's call shapes (`shapes`: an adaptive program's), its
         inputs, model call and whole update, at each of `batch_sizes`, over `cached` cached tokens with a full
-        draft: the fastest of COST_REPS after three warm-ups, each from the same state. For the cost model an adaptive program bets
-        with (decode/policy.py), measured once when it is built."""
+        draft: the fastest of COST_REPS after three warm-ups, each from the same state, the shapes taking turns.
+        For the cost model an adaptive program bets with (decode/policy.py), measured once when it is built."""
         sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
         prompt = [2 + i % 64 for i in range(cached)]
-        costs = [[] for _ in program.shapes]
+        priced = program.shapes[:len(program.policy.shapes)]     # the shapes its policy bets between (not QUIET)
+        costs = [[] for _ in priced]
         for batch in batch_sizes:
             one = program.new_state(Request(prompt, 8, 0, [], []))
             start = type(one).cat([one] * batch)
@@ -142,17 +143,18 @@ class Runtime:
             start.draft_len.fill_(program.width)
             st = type(one).cat([start])                   # a copy, reset before every iteration
             cache = self.model.new_cache(cached + program.reserve, batch=batch)
-            for steps, cost in zip(program.shapes, costs):
-                times = []
-                for _ in range(COST_REPS + 3):
+            times = [[] for _ in priced]
+            for _ in range(COST_REPS + 3):                # in rounds, every shape once: a busy spell hits them all
+                for steps, timed in zip(priced, times):
                     st.copy_(start)
                     sync()
                     t0 = time.perf_counter()
                     for step in steps:
                         self.call(step, st, cache, None)
                     sync()
-                    times.append(time.perf_counter() - t0)
-                cost.append(1e3 * min(times[3:]))
+                    timed.append(time.perf_counter() - t0)
+            for cost, timed in zip(costs, times):
+                cost.append(1e3 * min(timed[3:]))
         return [tuple(c) for c in costs]
 
     # -- the cache -------------------------------------------------------------------------------------

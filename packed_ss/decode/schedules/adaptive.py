@@ -11,12 +11,14 @@ shapes and each request's tokens are those it would get alone (per-request choic
 the policy picks the batch's shape freely (greedy and shared noise, where the output does not depend on it).
 After every step (the prefill too) the lookup draft of the prefix after the call becomes the next draft where
 one is found, the policy scores drafts and chooses, and the status table carries the call's next shape to the
-host, which runs it next (on CUDA an iteration late).
+host, which runs it next (on CUDA an iteration late). When every live request is quiet (the policy's quiet
+periods) the host runs the lean AR step instead (index QUIET, the last): the AR call, an empty draft verified,
+and nothing else.
 """
 import torch
 
 from ..lookup import lookup_draft, point_mass
-from ..policy import Policy, Shape
+from ..policy import AR, Policy, Shape
 from .base import Schedule, Step, layout
 
 
@@ -30,6 +32,7 @@ class Adaptive(Schedule):
         super().__init__(model, width, params, epilogue, draft_source)
         self.policy = policy
         self.shapes = [[Step(self._inputs(shape), self._update(i, shape))] for i, shape in enumerate(policy.shapes)]
+        self.shapes.append([Step(self._inputs(AR), self._quiet)])           # index QUIET: the lean AR step
         self.steps = self.shapes[0]
 
     def new_state(self, request, **shape):
@@ -63,7 +66,8 @@ class Adaptive(Schedule):
         def update(st, logits):
             rows = self.epilogue.rows(logits)
             c = self.policy.constants(st.done.device)
-            ran = st.choice if self.policy.per_request else torch.full_like(st.choice, index)
+            passive = st.quiet > 0
+            ran = torch.where(passive, 0, st.choice if self.policy.per_request else index)
             held = ~st.done & ~self.policy.covers(index, ran)     # chose a wider shape than this call: sits out
             verified_lookup, before, offset = st.lookup_draft.clone(), st.n_out.clone(), st.offset.clone()
             st.done.logical_or_(held)
@@ -73,9 +77,22 @@ class Adaptive(Schedule):
                 self.epilogue.step(st, verify=verify, propose=rows[w + 2:], retain="a")
             else:
                 self.epilogue.step(st, verify=verify)
-            self.policy.observe(st, ran, st.n_out - before, verified_lookup)
-            self.redraft(st, keep=(c.masks[ran] > 0) if m else None, held=(held, offset))
+            self.policy.observe(st, ran, st.n_out - before, verified_lookup, passive)
+            self.redraft(st, keep=(c.masks[ran] > 0) if m else None, held=(held, offset), passive=passive)
         return update
+
+    def _quiet(self, st, logits):
+        """The lean AR step, run when every live request is quiet: each verifies an empty draft and counts down;
+        nothing else runs. A request that is not quiet (the host ran this call before it saw its choice) sits
+        the step out."""
+        rows = self.epilogue.rows(logits)
+        passive = st.quiet > 0
+        held, offset = ~st.done & ~passive, st.offset.clone()
+        st.done.logical_or_(held)
+        st.assign(~st.done, draft_len=torch.zeros_like(st.draft_len))
+        self.epilogue.step(st, verify=self._padded(rows[:1]))
+        self._rejoin(st, held, offset)
+        self.policy.count_down(st, passive)
 
     def _padded(self, rows):
         """Verifier rows [B, w + 1, ...] widened to the state's W + 1 (the epilogue's shape) with copies of the
@@ -97,25 +114,32 @@ class Adaptive(Schedule):
         st.q_prob.scatter_(2, at, torch.where(rows[:, None, None], 1.0, st.q_prob.gather(2, at)))
 
     # -- after every step ----------------------------------------------------------------------------------------
-    def redraft(self, st, keep: torch.Tensor | None = None, held=None) -> None:
+    def redraft(self, st, keep: torch.Tensor | None = None, held=None, passive: torch.Tensor | None = None) -> None:
         """The lookup draft of the prefix after the call becomes the next draft where one is found (a point mass Q
         when sampled), unless the request keeps the proposals its packed call retained (`keep` [B], its shape
-        proposes) and expects more of them (Policy.prefers_lookup); elsewhere there is no draft. Then requests that sat the step out (`held`: which, and their RNG
-        offsets before it) rejoin unchanged, and the policy scores the lookup draft and chooses."""
+        proposes) and expects more of them (Policy.prefers_lookup); elsewhere, and for quiet requests (`passive`),
+        there is no draft. Then requests that sat the step out (`held`: which, and their RNG offsets before it)
+        rejoin unchanged, and the policy scores the lookup draft and chooses."""
+        passive = torch.zeros_like(st.done) if passive is None else passive
         if self.looks_up:
             draft, length, found = lookup_draft(st, self.width)
         else:
             draft, length, found = st.draft, st.draft_len, torch.zeros_like(st.done)
         keep = torch.zeros_like(found) if keep is None else keep
-        lookup = found & (self.policy.prefers_lookup(st, length, found) | ~keep)
+        lookup = found & (self.policy.prefers_lookup(st, length, found) | ~keep) & ~passive
         st.assign(~st.done, draft=torch.where(lookup[:, None], draft, st.draft),
-                  draft_len=torch.where(lookup, length, torch.where(keep, st.draft_len, 0)), lookup_draft=lookup)
+                  draft_len=torch.where(lookup, length, torch.where(keep & ~passive, st.draft_len, 0)),
+                  lookup_draft=lookup)
         if not self.params.greedy and self.looks_up:
             self._point_mass(st, draft, lookup & ~st.done)
         if self.looks_up:
-            self.policy.score_lookup(st, draft, length, found)
+            self.policy.score_lookup(st, draft, length, found, passive)
         if held is not None:
-            sat_out, offset = held
-            st.done.logical_and_(~sat_out)
-            st.offset.copy_(torch.where(sat_out, offset, st.offset))
-        self.policy.choose(st, length, found)
+            self._rejoin(st, *held)
+        self.policy.choose(st, length, found, passive)
+
+    @staticmethod
+    def _rejoin(st, held: torch.Tensor, offset: torch.Tensor) -> None:
+        """Requests that sat the step out (`held`) rejoin with their RNG offsets from before it (`offset`)."""
+        st.done.logical_and_(~held)
+        st.offset.copy_(torch.where(held, offset, st.offset))

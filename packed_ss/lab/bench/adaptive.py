@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ...decode.policy import QUIET
 from ...decode.sampling import SamplingParams
 from ...engine import Engine
 from ...model.loading import default_model_path, load_model
@@ -107,9 +108,10 @@ def trace(engine: Engine, prompt: list[int], max_new: int, seed: int) -> list[di
     for tokens in engine.stream(prompt, max_new, temperature=1.0, seed=seed, eos_token_id=[]):
         chunks.append(len(tokens))
         shapes.append(scheduler.shape)
-    named = [str(s) for s in engine.program(params).policy.shapes]
-    return [{"iteration": i, "shape": named[shapes[i - 1]], "rows": engine.program(params).policy.shapes[
-        shapes[i - 1]].rows, "tokens": n} for i, n in enumerate(chunks) if i > 0]
+    policy = engine.program(params).policy
+    named = {i: (str(s), s.rows) for i, s in enumerate(policy.shapes)} | {QUIET: ("ar (quiet)", 1)}
+    return [{"iteration": i, "shape": named[shapes[i - 1]][0], "rows": named[shapes[i - 1]][1], "tokens": n}
+            for i, n in enumerate(chunks) if i > 0]
 
 
 def run(args) -> dict:

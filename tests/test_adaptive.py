@@ -175,7 +175,8 @@ def test_a_request_no_draft_pays_for_goes_quiet_for_doubling_runs():
     """Lookup drafts never right and diffusion drafts earning one token: the request goes quiet (the call is
     QUIET), counts down passively, and its next quiet run is twice as long; one whose drafts pay stays awake."""
     shapes = shapes_for(4, "both")
-    policy = Policy.from_profile(shapes, None).measured([(1.0 + 0.1 * s.rows, 8.0 + s.rows) for s in shapes], True)
+    policy = Policy.from_profile(shapes, None).measured([(1.0 + 0.1 * s.rows, 8.0 + 0.1 * s.rows) for s in shapes],
+                                                         True)
     st = state(policy, 2)
     st.look_hit[0].zero_()
     st.diffusion[0].fill_(1.0)

@@ -11,6 +11,7 @@ Per request, on the device, in the state (`AdaptiveState`):
   lookup draft is scored against the tokens the request then emits (`probe`), whatever shape ran, so a
   request decoding by AR keeps learning what lookup would earn without paying a row for it. Under greedy and
   shared-noise decoding the output does not depend on the draft, so this is exactly what verifying it accepts.
+- `look_found` [B]: how often a lookup draft is found at all (a running mean, weight RATE, from 1).
 - `diffusion` [B, P]: tokens per iteration of each packed shape while it verifies diffusion drafts (a running
   mean, from its own runs once they are steady: the shape ran the iteration before too). Between runs it drifts
   back to the prior (DRIFT per iteration), so a request that left diffusion drafts tries them again at a
@@ -22,17 +23,17 @@ Two ways to choose, by what the output may depend on:
   and COST_BATCH, measured once when the engine builds the program, Runtime.shape_costs: inputs, model call and
   the whole update, sampling and this policy included; linear in the batch size between and beyond);
 - per request (the rejection sampler, whose drafts and draws depend on the width): each request picks its own
-  shape from its own statistics and the costs at COST_BATCH (rows as dear as in a full batch: the costs are
-  fixed when the engine starts, and a request alone bets like one in a batch), so its tokens depend on its own
-  tokens and draws alone;
+  shape from its own statistics and the costs at COST_BATCH, priced as the one request of a full batch that
+  speculates (`marginal`: the whole batch pays for the cover of the choices; the costs are fixed when the engine
+  starts, so a request alone bets like one in a batch), so its tokens depend on its own tokens and draws alone;
   the call runs the cover of the live requests' shapes, every request verifying within its own width and
   keeping proposals only if its shape proposes. A request whose shape the call does not cover (the host's
   choice runs an iteration late on CUDA) sits that iteration out, unchanged.
 AR is always a candidate, and wins unless a shape promises MARGIN more tokens per ms (the costs are measured on a
 machine that may be busy, and a wrong bet costs more than a missed one).
-Quiet periods: a request whose own best shape is AR (at the COST_BATCH costs) goes quiet for QUIET_RUNS[0]
-iterations, or, while it would choose AR even with a full lookup draft in hand (no draft earns its rows), for a
-run that doubles each time up to QUIET_RUNS[1] and falls back once a draft could pay. A quiet request is passive in every call: it verifies an empty draft, and nothing
+Quiet periods: a request whose own best shape is AR (per request; free, when the batch's is) goes quiet for QUIET_RUNS[0]
+iterations, or, while AR is its best bet for the iterations to come too (`potential`: a full lookup draft as often
+as one is found), for a run that doubles each time up to QUIET_RUNS[1] and falls back once a draft could pay. A quiet request is passive in every call: it verifies an empty draft, and nothing
 of its statistics, draft or choice changes; when every live request is quiet, the call is the lean AR step
 (shape index QUIET: no lookup, no scoring, no choice), so that decoding at AR costs what AR costs. Whether a
 request is quiet depends on its own statistics alone, so the output still depends on its own tokens and draws.
@@ -101,6 +102,7 @@ class AdaptiveState(DecodeState):
     one, `shape` the call's (the status table carries it to the host); `quiet` the iterations the request stays
     passive, `quiet_run` the length of its next quiet period."""
     look_hit: torch.Tensor = None
+    look_found: torch.Tensor = None
     diffusion: torch.Tensor = None
     probe: torch.Tensor = None
     probe_len: torch.Tensor = None
@@ -180,6 +182,7 @@ class Policy:
         c = self.constants(device)
         zero = torch.zeros_like(base.n_out)
         return AdaptiveState(**base.tensors(), look_hit=c.lookup_prior[None].clone(),
+                             look_found=torch.ones_like(base.n_out, dtype=torch.float32),
                              diffusion=c.diffusion_prior[None].clone(), probe=torch.zeros_like(base.draft),
                              probe_len=zero.clone(), probe_at=zero.clone(),
                              lookup_draft=torch.zeros_like(base.done), ran=zero.clone(), choice=zero.clone(),
@@ -189,8 +192,8 @@ class Policy:
     def score_lookup(self, st: AdaptiveState, draft: torch.Tensor, length: torch.Tensor, found: torch.Tensor,
                      passive: torch.Tensor | None = None) -> None:
         """Score the probe against the tokens emitted since it was made; once it is settled (a miss seen, or
-        every token compared), fold it into look_hit and probe the new lookup draft (`draft`, `length`, `found`).
-        `passive` [B]: quiet requests, left as they are."""
+        every token compared), fold it into look_hit and probe the new lookup draft (`draft`, `length`, `found`);
+        count whether one was found. `passive` [B]: quiet requests, left as they are."""
         active = ~st.done if passive is None else ~st.done & ~passive
         k = torch.arange(self.width, device=draft.device)
         compared = torch.minimum(st.n_out - st.probe_at, st.probe_len)
@@ -199,7 +202,8 @@ class Policy:
         settled = (right < compared) | (compared >= st.probe_len)
         observed = (settled & (st.probe_len > 0))[:, None] & (k < st.probe_len[:, None])
         hit = (k < right[:, None]).to(st.look_hit.dtype)
-        st.assign(active, look_hit=torch.where(observed, st.look_hit + RATE * (hit - st.look_hit), st.look_hit))
+        st.assign(active, look_hit=torch.where(observed, st.look_hit + RATE * (hit - st.look_hit), st.look_hit),
+                  look_found=st.look_found + RATE * (found.to(st.look_found.dtype) - st.look_found))
         st.assign(active & settled, probe=draft, probe_len=torch.where(found, length, 0), probe_at=st.n_out)
 
     def observe(self, st: AdaptiveState, ran: torch.Tensor, emitted: torch.Tensor,
@@ -256,14 +260,15 @@ class Policy:
                passive: torch.Tensor | None = None) -> None:
         """Each request's shape for the next iteration (`choice`) and the call's (`shape`, every row): free, the
         most expected tokens per ms of the batch at its size; per request, each request's most expected tokens
-        per ms alone, and the call their cover. Quiet requests (`passive`) keep theirs; a request whose own best
-        is AR goes quiet (module docstring)."""
+        per ms at its `marginal` cost, and the call their cover. Quiet requests (`passive`) keep theirs; a
+        request whose own best (free: the batch's) is AR goes quiet (module docstring)."""
         c = self.constants(length.device)
         passive = torch.zeros_like(st.done) if passive is None else passive
         choosing = ~st.done & ~passive
         expected = self.expected(st, length, found)                                        # [B, S]
-        own = self.best(expected, c.costs[:, 1])                                           # [B]
         if self.per_request:
+            cost = self.marginal(c)
+            own = self.best(expected, cost)                                                # [B]
             st.assign(choosing, choice=own)
             call = self.cover(st.choice, choosing, c)
         else:
@@ -271,12 +276,25 @@ class Policy:
             cost = c.costs[:, 0] + (c.costs[:, 1] - c.costs[:, 0]) * ((st.batch - 1) / (COST_BATCH - 1))
             call = self.best(tokens, cost)
             st.choice.copy_(call.expand_as(st.choice))
-        full = torch.full_like(length, self.width)
-        hopeless = self.best(self.expected(st, full, torch.ones_like(found)), c.costs[:, 1]) == 0
+            own = st.choice
+        hopeless = self.best(self.potential(st, length), cost) == 0
         st.assign(choosing & (own == 0), quiet=torch.where(hopeless, st.quiet_run, QUIET_RUNS[0]))
         st.assign(choosing & (own == 0) & hopeless, quiet_run=(2 * st.quiet_run).clamp(max=QUIET_RUNS[1]))
         st.assign(choosing & ~hopeless, quiet_run=torch.full_like(st.quiet_run, QUIET_RUNS[0]))
         self.count_down(st, passive, call)
+
+    @staticmethod
+    def marginal(c: "Constants") -> torch.Tensor:
+        """ms [S] a request pays for an iteration in each shape, priced as the one request in a full batch
+        (COST_BATCH) that speculates: its share of the AR call plus the whole cost of the wider shape."""
+        return c.costs[0, 1] / COST_BATCH + (c.costs[:, 1] - c.costs[0, 1])
+
+    def potential(self, st: AdaptiveState, length: torch.Tensor) -> torch.Tensor:
+        """Expected tokens [B, S] of each shape at a coming iteration: with a full lookup draft as often as one is
+        found (`look_found`), else with none."""
+        full = self.expected(st, torch.full_like(length, self.width), torch.ones_like(st.done))
+        none = self.expected(st, torch.zeros_like(length), torch.zeros_like(st.done))
+        return none + st.look_found[:, None] * (full - none)
 
     @staticmethod
     def best(tokens: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:

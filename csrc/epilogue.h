@@ -131,10 +131,12 @@ struct Step {
   bool dense;           // sampled without truncation: every distribution (p, q, stored Q) is [vocab] dense
   int64_t block;        // B = W + 1; the proposal uniforms are u[B + j] (Schedule.propose)
   int64_t vocab;
-  // verifier rows: greedy argmax [rows]; sampled truncated p, sparse [rows, v_k]
+  // verifier rows: greedy argmax [v_rows]; sampled truncated p, sparse [v_rows, v_k]. A draft verifies within
+  // them: at most v_rows - 1 of its tokens (the callers' drafts fit; a longer one is cut)
   const int64_t* v_arg;
   const int64_t* v_idx;
   const T* v_prob;
+  int64_t v_rows;
   int64_t v_k;
   // proposal rows: greedy argmax [n_z]; sampled truncated q, sparse [n_z, z_k] (z_k == State::support)
   const int64_t* z_arg;
@@ -299,13 +301,14 @@ PSS_HD void verify(const State& st, const Step<T>& s, X& x) {
     return;
   }
   if (s.verify != kVerifyDraft) return;
-  const int64_t draft_len = *st.draft_len;
+  const int64_t draft_len = imin(*st.draft_len, s.v_rows - 1);
   int64_t h = 0;
   if (!s.sampled) {
-    // verify_greedy: the leading draft tokens equal to the verifier argmax; emit the argmax rows
+    // verify_greedy: the leading draft tokens equal to the verifier argmax; emit the argmax rows (the last
+    // repeated past v_rows)
     while (h < w && h < draft_len && st.draft[h] == s.v_arg[h]) ++h;
     if (x.leader()) {
-      for (int64_t i = 0; i < b; ++i) s.res[i] = s.v_arg[i];
+      for (int64_t i = 0; i < b; ++i) s.res[i] = s.v_arg[imin(i, s.v_rows - 1)];
       s.res[b] = h + 1;
     }
     return;

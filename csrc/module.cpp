@@ -54,7 +54,7 @@ struct Args {  // one call's arguments, as Python passes them
   bool sampled, dense;
   int64_t block, vocab;
   uintptr_t v_arg, v_idx, v_prob;
-  int64_t v_k, v_stride;
+  int64_t v_rows, v_k, v_stride;
   uintptr_t z_arg, z_idx, z_prob;
   int64_t z_k, z_stride, n_z;
   uintptr_t scratch, res, residual_u;
@@ -76,7 +76,8 @@ Step<T> make_step(const State& st, const Args& a) {
       throw std::invalid_argument("epilogue: verifier rows missing");
     if (a.sampled && a.verify == kVerifyDraft && (a.scratch == 0 || a.vocab < 1))
       throw std::invalid_argument("epilogue: sampled verification needs the [batch, vocab] workspace");
-    if (st.batch > 1 && a.v_stride < (a.verify == kVerifyDraft ? a.block : 1))
+    if (a.v_rows < 1) throw std::invalid_argument("epilogue: no verifier rows");
+    if (st.batch > 1 && a.v_stride < a.v_rows)
       throw std::invalid_argument("epilogue: the verifier row stride is shorter than one request's rows");
   }
   if ((a.phase & kPhaseCommit) && a.retain != kRetainNone) {
@@ -95,6 +96,7 @@ Step<T> make_step(const State& st, const Args& a) {
                  as_ptr<const int64_t>(a.v_arg),
                  as_ptr<const int64_t>(a.v_idx),
                  as_ptr<const T>(a.v_prob),
+                 a.v_rows,
                  a.v_k,
                  as_ptr<const int64_t>(a.z_arg),
                  as_ptr<const int64_t>(a.z_idx),
@@ -109,7 +111,7 @@ Step<T> make_step(const State& st, const Args& a) {
 }
 
 // Binds `step_<device>(state, prob_bits, phase, verify, retain, sampled, dense, block, vocab, v_arg, v_idx, v_prob,
-// v_k, v_stride, z_arg, z_idx, z_prob, z_k, z_stride, n_z, scratch, res, residual_u, stream)`: one call on the
+// v_rows, v_k, v_stride, z_arg, z_idx, z_prob, z_k, z_stride, n_z, scratch, res, residual_u, stream)`: one call on the
 // state's whole batch; request b's rows start b * v_stride (z_stride) rows in, its scratch row b * vocab
 // entries, its res row b * (block + 2), its residual index at residual_u + b. run(st, step, phase, stream)
 // does the work.
@@ -119,12 +121,11 @@ void def_step(py::module_& m, const char* name, Run32 run32, Run64 run64) {
       name,
       [run32, run64](const State& st, int32_t prob_bits, int32_t phase, int32_t verify, int64_t retain, bool sampled,
                      bool dense, int64_t block, int64_t vocab, uintptr_t v_arg, uintptr_t v_idx, uintptr_t v_prob,
-                     int64_t v_k, int64_t v_stride, uintptr_t z_arg, uintptr_t z_idx, uintptr_t z_prob, int64_t z_k,
+                     int64_t v_rows, int64_t v_k, int64_t v_stride, uintptr_t z_arg, uintptr_t z_idx, uintptr_t z_prob, int64_t z_k,
                      int64_t z_stride, int64_t n_z, uintptr_t scratch, uintptr_t res, uintptr_t residual_u,
                      uintptr_t stream) {
-        const Args a{phase, verify,   retain, sampled, dense,    block, vocab,   v_arg, v_idx,     v_prob,
-                     v_k,   v_stride, z_arg,  z_idx,   z_prob,   z_k,   z_stride, n_z,  scratch,   res,
-                     residual_u};
+        const Args a{phase,  verify, retain,   sampled, dense,  block,  vocab,    v_arg, v_idx,   v_prob, v_rows,
+                     v_k,    v_stride, z_arg,  z_idx,   z_prob, z_k,    z_stride, n_z,   scratch, res,    residual_u};
         if (prob_bits == 32)
           run32(st, make_step<float>(st, a), phase, stream);
         else if (prob_bits == 64)

@@ -12,11 +12,12 @@
 4. Selection and errors: the default, the fallback when the module is missing, bad arguments.
 (The CUDA-graph loop's host logic is tested in tests/test_runtime.py; tests/test_gpu.py replays real graphs.)
 """
+import random
 from types import SimpleNamespace
 
 import pytest
 import torch
-from epilogue_cases import check_emitted_tokens_follow_p, differences, make_case
+from epilogue_cases import check_emitted_tokens_follow_p, clone, differences, make_case
 from tiny_models import checkpoint, config_eos, mid_output_token
 
 import packed_ss
@@ -84,6 +85,33 @@ def test_large_vocabulary_steps_match_reference():
         case = make_case(10_000 + seed, vocabs=(5000, 32768), max_width=4)
         diff = differences(case.run(native=False), case.run(native=True), case.dense)
         assert not diff, (seed, case.schedule, case.step, case.params, diff)
+
+
+@needs_native
+def test_fewer_verifier_rows_match_reference_bit_for_bit():
+    """A draft verifies within the rows given, R <= W + 1 of them (the adaptive schedule passes each call's own
+    width; a draft longer than R - 1 is cut): both epilogues leave the same state, and a cut draft accepts at
+    most R - 1 tokens. The drafts are long enough to be cut in most cases."""
+    seen = dict(cut=0, one_row=0, accepted=0)
+    for seed in range(400):
+        case = make_case(20_000 + seed)
+        if case.logits.shape[0] < case.width + 1:
+            continue
+        rows = random.Random(seed).randint(1, case.width + 1)
+        after = []
+        for kind in ("torch", "native"):
+            ep = epilogue_mod.make_epilogue(kind, "cpu", case.width, case.params)
+            st = clone(case.state)
+            ep.step(st, verify=ep.rows(case.logits[None])[:rows])
+            after.append(st)
+        diff = differences(*after, case.dense)
+        assert not diff, (f"seed {seed}: R={rows} W={case.width} {case.params}: fields {diff} differ")
+        emitted = int(after[0].n_out - case.state.n_out)
+        assert emitted <= rows or bool(case.state.done), (seed, rows, emitted)
+        seen["cut"] += int(case.state.draft_len) > rows - 1
+        seen["one_row"] += rows == 1
+        seen["accepted"] += emitted > 1
+    assert min(seen.values()) >= 20, seen
 
 
 @needs_native
@@ -183,7 +211,7 @@ def test_cuda_path_without_gpu_raises_a_clear_error():
     state = mod.State(*([0] * 17), 3, 1, 0, 1, 16, 8)   # width, support, stops, batch, output length, Q bytes
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mod.step_cuda(state, 32, mod.PHASE_BOTH, mod.VERIFY_DRAFT, mod.RETAIN_NONE, False, False, 4, 10,
-                      1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0)
+                      1, 0, 0, 4, 0, 4, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0)
 
 
 def test_stored_q_takes_the_probabilities_dtype():

@@ -234,15 +234,15 @@ def test_layouts_and_shapes_are_checked():
     bad = Rows(idx=v.idx.transpose(0, 1).contiguous().transpose(0, 1), prob=v.prob, vocab=v.vocab)
     with pytest.raises(ValueError, match="contiguous within a request"):
         ep.step(st, verify=bad)
-    strided = Rows(idx=v.idx[:, ::2], prob=v.prob[:, ::2], vocab=v.vocab)
-    with pytest.raises(ValueError):
+    strided = Rows(idx=torch.cat([v.idx, v.idx], 1)[:, ::2], prob=torch.cat([v.prob, v.prob], 1)[:, ::2], vocab=v.vocab)
+    with pytest.raises(ValueError, match="contiguous within a request"):
         ep.step(st, verify=strided)
     with pytest.raises(ValueError, match="B=3"):
         ep.step(st, verify=one(v, 0))
     with pytest.raises(ValueError, match="residual"):
         ep.verify(st, v, residual=torch.zeros((), dtype=torch.int64))
-    with pytest.raises(ValueError, match="rows needed"):
-        ep.step(st, verify=v[:case.block - 1])
+    with pytest.raises(ValueError, match="rows needed"):       # fewer than W + 1 rows verify within them; none
+        ep.step(st, verify=v[:0])
     flat = DecodeState(**{k: (t[0] if t.dim() > 1 else t) for k, t in st.tensors().items()})
     with pytest.raises(ValueError, match="dimensions"):
         ep.step(flat, verify=one(v, 0))

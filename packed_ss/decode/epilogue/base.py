@@ -41,6 +41,12 @@ class Rows:
         t = self.arg if self.arg is not None else self.prob
         return 0 if t is None else t.shape[1]
 
+    def widened(self, rows: int) -> "Rows":
+        """These rows widened to `rows` per request with copies of the last."""
+        def widen(t):
+            return None if t is None else torch.cat([t, t[:, -1:].expand(-1, rows - t.shape[1], *t.shape[2:])], 1)
+        return Rows(arg=widen(self.arg), idx=widen(self.idx), prob=widen(self.prob), vocab=self.vocab)
+
     @property
     def k(self) -> int:
         return 0 if self.prob is None else self.prob.shape[2]
@@ -49,8 +55,9 @@ class Rows:
 class Epilogue:
     """One schedule's epilogue: its device, width and sampling parameters.
 
-    `step` runs a whole epilogue: verify the stored draft against `verify` (B rows) or draw one AR token
-    from `token` (row 0); emit; then, if `retain` is given, the next draft is `propose`[shift:] with its Q,
+    `step` runs a whole epilogue: verify the stored draft against `verify` (up to B rows per request: a draft
+    verifies within them, at most R - 1 of its tokens, so a call verifying short drafts passes only the rows
+    they need) or draw one AR token from `token` (row 0); emit; then, if `retain` is given, the next draft is `propose`[shift:] with its Q,
     shift = the emitted count ("a") or a fixed number of rows. `verify` + `commit` split it where a schedule
     picks its proposal rows from the verification outcome (Quadratic-SS). Every call draws this call's
     uniforms from (seed, offset) once and advances the offset on the device.

@@ -89,7 +89,8 @@ class NativeEpilogue(Epilogue):
     [B, W], q_idx / q_prob [B, W, K], out [B, L], stop_ids [B, S], the rest [B]) and Rows [B, R] (arg,
     int64) or [B, R, K] (prob float32/float64, idx int64 or None when dense) whose rows are contiguous
     within a request (stride(-1) == 1, stride(1) == K) and evenly spaced across requests (stride(0) a whole
-    number of rows >= R): contiguous tensors or slices of them along dim 1. `res` [B, block + 2] and the
+    number of rows >= R): contiguous tensors or slices of them along dim 1. A draft verifies within its
+    verifier rows (at most R - 1 tokens of it, base.Epilogue). `res` [B, block + 2] and the
     workspace [B, vocab] are cached per batch size (persistent addresses, as CUDA graphs need)."""
 
     _BOUND_MAX = 8      # state handles kept (a state object each, holding it keeps its addresses valid)
@@ -224,8 +225,7 @@ class NativeEpilogue(Epilogue):
         handle = None if compiling else self._state(st)   # checks the state (a compiled one: the engine's)
         batch = st.done.shape[0]
         greedy = self.params.greedy
-        need_v = self.block if kind == self.mod.VERIFY_DRAFT else 1
-        _, v_k, v_stride = self._check(v, "verifier", batch, need_v if v is not None else 0)
+        v_rows, v_k, v_stride = self._check(v, "verifier", batch, 1 if v is not None else 0)
         n_z, z_k, z_stride = self._check(z, "proposal", batch, 1 if retain is not None else 0)
         if retain is None:
             retain_code = self.mod.RETAIN_NONE
@@ -260,12 +260,12 @@ class NativeEpilogue(Epilogue):
             tensors = st.tensors()
             epilogue_step(*(tensors[name] for name in STATE), v.arg, v.idx, v.prob, z.arg, z.idx, z.prob, scratch,
                           res, residual, [bits, phase, kind, retain_code, int(not greedy), int(self.dense),
-                                          self.block, vocab, v_k, v_stride, z_k, z_stride, n_z])
+                                          self.block, vocab, v_rows, v_k, v_stride, z_k, z_stride, n_z])
             return res
         res = self._use_res(batch)
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.cuda else 0
         self._native_step(handle, bits, phase, kind, retain_code, not greedy, self.dense, self.block, vocab,
-                          _ptr(v.arg), _ptr(v.idx), _ptr(v.prob), v_k, v_stride,
+                          _ptr(v.arg), _ptr(v.idx), _ptr(v.prob), v_rows, v_k, v_stride,
                           _ptr(z.arg), _ptr(z.idx), _ptr(z.prob), z_k, z_stride, n_z,
                           _ptr(scratch), res.data_ptr(), _ptr(residual), stream)
         return res

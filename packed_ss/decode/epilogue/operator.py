@@ -30,21 +30,21 @@ def epilogue_step(cache_len: torch.Tensor, last: torch.Tensor, draft: torch.Tens
                   v_prob: Optional[torch.Tensor], z_arg: Optional[torch.Tensor], z_idx: Optional[torch.Tensor],
                   z_prob: Optional[torch.Tensor], scratch: Optional[torch.Tensor], res: torch.Tensor,
                   residual: Optional[torch.Tensor], config: List[int]) -> None:
-    """config: prob bits, phase, verify kind, retain code, sampled, dense, block, vocab, v_k, v_stride, z_k,
-    z_stride, n_z (NativeEpilogue._call)."""
+    """config: prob bits, phase, verify kind, retain code, sampled, dense, block, vocab, v_rows, v_k, v_stride,
+    z_k, z_stride, n_z (NativeEpilogue._call)."""
     from .native import native_module   # native.py imports this module
     mod = native_module()
     state = (cache_len, last, draft, draft_len, q_idx, q_prob, out, n_out, done, seed, offset, stop_ids, max_new,
              nfe, n_verify, n_accepted, n_bonus)
     handle = mod.State(*(t.data_ptr() for t in state), draft.shape[1], q_idx.shape[2], stop_ids.shape[1],
                        done.shape[0], out.shape[1], q_prob.element_size())
-    bits, phase, kind, retain, sampled, dense, block, vocab, v_k, v_stride, z_k, z_stride, n_z = config
+    bits, phase, kind, retain, sampled, dense, block, vocab, v_rows, v_k, v_stride, z_k, z_stride, n_z = config
     if res.is_cuda:
         step, stream = mod.step_cuda, torch.cuda.current_stream(res.device).cuda_stream
     else:
         step, stream = mod.step_cpu, 0
     step(handle, bits, phase, kind, retain, bool(sampled), bool(dense), block, vocab,
-         _ptr(v_arg), _ptr(v_idx), _ptr(v_prob), v_k, v_stride, _ptr(z_arg), _ptr(z_idx), _ptr(z_prob), z_k, z_stride,
+         _ptr(v_arg), _ptr(v_idx), _ptr(v_prob), v_rows, v_k, v_stride, _ptr(z_arg), _ptr(z_idx), _ptr(z_prob), z_k, z_stride,
          n_z, _ptr(scratch), res.data_ptr(), _ptr(residual), stream)
 
 

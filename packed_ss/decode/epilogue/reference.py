@@ -49,12 +49,14 @@ class TorchEpilogue(Epilogue):
         return z, idx, rows.prob
 
     def _verify(self, st: DecodeState, rows: Rows, u, residual=None):
+        draft_len = st.draft_len.clamp(max=len(rows) - 1)       # a draft verifies within the rows (base.Epilogue)
+        rows = rows.widened(self.block) if len(rows) < self.block else rows
         if rows.arg is not None:
-            return verify_greedy(st.draft, st.draft_len, rows.arg)
+            return verify_greedy(st.draft, draft_len, rows.arg)
         p = rows.prob if rows.idx is None else densify(rows.idx, rows.prob, rows.vocab)
         if residual is not None:
             u = torch.cat([u[:, :self.width], u.gather(1, residual[:, None])], 1)
-        return verify_sampled(st.draft, st.draft_len, st.q_idx, st.q_prob, p, u)
+        return verify_sampled(st.draft, draft_len, st.q_idx, st.q_prob, p, u)
 
     def _emit(self, st, emitted, n_accept, verified: bool):
         active = ~st.done

@@ -72,7 +72,7 @@ class Adaptive(Schedule):
             verified_lookup, before, offset = st.lookup_draft.clone(), st.n_out.clone(), st.offset.clone()
             st.done.logical_or_(held)
             st.assign(~st.done, draft_len=torch.minimum(st.draft_len, c.widths[ran]))
-            verify = self._padded(rows[:w + 1])
+            verify = rows[:w + 1]
             if m:
                 self.epilogue.step(st, verify=verify, propose=rows[w + 2:], retain="a")
             else:
@@ -90,17 +90,9 @@ class Adaptive(Schedule):
         held, offset = ~st.done & ~passive, st.offset.clone()
         st.done.logical_or_(held)
         st.assign(~st.done, draft_len=torch.zeros_like(st.draft_len))
-        self.epilogue.step(st, verify=self._padded(rows[:1]))
+        self.epilogue.step(st, verify=rows[:1])
         self._rejoin(st, held, offset)
         self.policy.count_down(st, passive)
-
-    def _padded(self, rows):
-        """Verifier rows [B, w + 1, ...] widened to the state's W + 1 (the epilogue's shape) with copies of the
-        last: draft tokens past w are never compared (draft_len <= w), so the copies are never read."""
-        def widen(t):
-            return None if t is None else torch.cat([t, t[:, -1:].expand(-1, self.width - t.shape[1] + 1,
-                                                                           *t.shape[2:])], 1)
-        return type(rows)(arg=widen(rows.arg), idx=widen(rows.idx), prob=widen(rows.prob), vocab=rows.vocab)
 
     def _point_mass(self, st, draft: torch.Tensor, rows: torch.Tensor) -> None:
         """A lookup draft's stored Q, in place in the `rows` [B] that take one: all mass on each draft token (in

@@ -27,11 +27,9 @@ class Cycling(Policy):
     Choosing per request, requests that joined at different times switch at different iterations."""
 
     def choose(self, st, length, found, passive=None):
-        c = self.constants(st.done.device)
         st.assign(~st.done, choice=((st.nfe - 1) // 2 - 1) % len(self.shapes))
         if not self.per_request:
             st.choice.copy_(st.choice.max().expand_as(st.choice))
-        st.shape.copy_(self.cover(st.choice, ~st.done, c).expand_as(st.shape))
 
 
 class Dozing(Cycling):
@@ -44,8 +42,7 @@ class Dozing(Cycling):
         kept = st.choice.clone()
         super().choose(st, length, found)
         st.choice.copy_(torch.where(passive, kept, st.choice))          # a quiet request keeps its choice
-        st.assign(~st.done & ~passive & (st.nfe % 7 == 3), quiet=torch.full_like(st.quiet, 3))
-        self.count_down(st, passive, st.shape[0])
+        st.assign(~st.done & ~passive & (st.nfe % 7 == 3), quiet_until=st.nfe + 3)
 
 
 def cycling(engine, policy=Cycling):
@@ -167,13 +164,15 @@ def test_the_choice_weighs_expected_tokens_against_cost(hit, batch, want):
     st.look_hit.copy_(hit ** torch.arange(1, 17.0))      # draft token k right with probability hit^(k+1)
     st.diffusion.fill_(1.0)
     policy.choose(st, torch.full((batch,), 16), torch.ones(batch, dtype=torch.bool))
-    chosen = "quiet" if st.shape[0].item() == QUIET else shapes[st.shape[0].item()]
-    assert chosen == ("quiet" if want == Shape(0) else want) and (st.shape == st.shape[0]).all()   # AR: it dozes
+    call = policy.next_call(list(zip(st.choice.tolist(), st.quiet.tolist())), lag=0)
+    chosen = "quiet" if call == QUIET else shapes[call]
+    assert chosen == ("quiet" if want == Shape(0) else want) and (st.choice == st.choice[0]).all()   # AR: it dozes
 
 
 def test_a_request_no_draft_pays_for_goes_quiet_for_doubling_runs():
-    """Lookup drafts never right and diffusion drafts earning one token: the request goes quiet (the call is
-    QUIET), counts down passively, and its next quiet run is twice as long; one whose drafts pay stays awake."""
+    """Lookup drafts never right and diffusion drafts earning one token: the request goes quiet (passive, the call
+    the awake one's), stays so for its quiet run of calls unchanged, and its next quiet run is twice as long; one
+    whose drafts pay stays awake."""
     shapes = shapes_for(4, "both")
     policy = Policy.from_profile(shapes, None).measured([(1.0 + 0.1 * s.rows, 8.0 + 0.1 * s.rows) for s in shapes],
                                                          True)
@@ -184,16 +183,31 @@ def test_a_request_no_draft_pays_for_goes_quiet_for_doubling_runs():
     length, found = torch.full((2,), 4), torch.ones(2, dtype=torch.bool)
     policy.choose(st, length, found)
     assert st.quiet.tolist() == [QUIET_RUNS[0], 0] and st.quiet_run.tolist() == [2 * QUIET_RUNS[0], QUIET_RUNS[0]]
-    assert shapes[st.shape[0].item()] == Shape(4)                           # the awake request's lookup call
+    assert shapes[policy.next_call(list(zip(st.choice.tolist(), st.quiet.tolist())), lag=0)] == Shape(4)
     hit = st.look_hit.clone()
-    st.done[1] = True                                                       # alone now: every live request quiet
+    st.done[1] = True                                                       # alone now
     for left in range(QUIET_RUNS[0] - 1, -1, -1):
-        passive = st.quiet > 0
+        assert policy.next_call([(st.choice[0].item(), st.quiet[0].item())], lag=0) == QUIET
+        passive = st.passive
+        st.nfe += 1                                                         # a call
         policy.choose(st, length, found, passive)
         assert st.quiet[0].item() == left and torch.equal(st.look_hit, hit)
-        assert st.shape[0].item() == (QUIET if left else 0)
-    policy.choose(st, length, found, st.quiet > 0)                          # awake, still hopeless: twice as long
+    assert policy.next_call([(st.choice[0].item(), st.quiet[0].item())], lag=0) == 0
+    policy.choose(st, length, found, st.passive)                            # awake, still hopeless: twice as long
     assert st.quiet[0].item() == 2 * QUIET_RUNS[0] and shapes[st.choice[0].item()] == Shape(0)
+
+
+def test_the_next_call_counts_the_calls_already_issued_and_covers_the_choices():
+    """On the host: QUIET only while every live request stays quiet past the `lag` calls already issued, and one
+    admitted after the table (None) keeps the call awake; else the fewest-rows shape covering every choice."""
+    shapes = shapes_for(8, "both")
+    policy = Policy.from_profile(shapes, None)
+    index = shapes.index
+    assert policy.next_call([(0, 2), (0, 1)], lag=0) == QUIET
+    assert policy.next_call([(0, 2), (0, 1)], lag=1) == 0
+    assert policy.next_call([(0, 2), None], lag=0) == 0
+    assert policy.next_call([(index(Shape(8)), 0), (index(Shape(3, 3)), 0), (0, 5)], lag=0) == index(Shape(8, 3))
+    assert policy.next_call([], lag=0) == 0
 
 
 @pytest.mark.parametrize("epilogue", ["torch", "native"])
@@ -240,7 +254,7 @@ def test_the_state_carries_the_choice_through_the_status_table(shipped):
     engine = packed_ss.Engine(model, width=4)
     program = engine.program(SamplingParams())
     st = program.new_state(Request(prompts[0], 8, 0, [], []))
-    assert st.shape.shape == (1,) and st.look_hit.shape == (1, 4)
+    assert st.choice.shape == (1,) and st.look_hit.shape == (1, 4)
 
 
 @pytest.mark.parametrize("kwargs,message", [

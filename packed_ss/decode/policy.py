@@ -31,12 +31,15 @@ Two ways to choose, by what the output may depend on:
   choice runs an iteration late on CUDA) sits that iteration out, unchanged.
 AR is always a candidate, and wins unless a shape promises MARGIN more tokens per ms (the costs are measured on a
 machine that may be busy, and a wrong bet costs more than a missed one).
-Quiet periods: a request whose own best shape is AR (per request; free, when the batch's is) goes quiet for QUIET_RUNS[0]
-iterations, or, while AR is its best bet for the iterations to come too (`potential`: a full lookup draft as often
-as one is found), for a run that doubles each time up to QUIET_RUNS[1] and falls back once a draft could pay. A quiet request is passive in every call: it verifies an empty draft, and nothing
-of its statistics, draft or choice changes; when every live request is quiet, the call is the lean AR step
-(shape index QUIET: no lookup, no scoring, no choice), so that decoding at AR costs what AR costs. Whether a
-request is quiet depends on its own statistics alone, so the output still depends on its own tokens and draws.
+Quiet periods: a request whose own best shape is AR (per request; free, when the batch's is) goes quiet for
+QUIET_RUNS[0] of its calls, or, while AR is its best bet for the iterations to come too (`potential`: a full lookup
+draft as often as one is found), for a run that doubles each time up to QUIET_RUNS[1] and falls back once a draft
+could pay. The period ends at a call count (`quiet_until`, against the state's nfe), so nothing counts it down. A
+quiet request is passive in every call: it verifies an empty draft, and nothing of its statistics, draft or choice
+changes. The status table carries each request's choice and the calls it stays quiet for; when every live request
+stays quiet through the next call (`next_call`, on the host) the host runs the lean AR step (shape index QUIET:
+the AR call and its verification, nothing else), so that decoding at AR costs what AR costs. Whether a request is
+quiet depends on its own statistics alone, so the output still depends on its own tokens and draws.
 Nothing here reads a clock while decoding; the choice only changes speed, never the output.
 """
 from __future__ import annotations
@@ -54,8 +57,7 @@ LOOKUP_PRIOR = 0.5  # P(lookup draft token k right | a draft), per position, wit
 COST_BATCH = 8      # the second batch size an iteration's cost is measured at (the first is 1)
 MARGIN = 1.1       # how much more than AR's tokens per ms another shape must promise
 QUIET_RUNS = (2, 32)  # a quiet period's length: the first, and the longest it doubles to
-QUIET = -1          # the call shape when every live request is quiet: the program's last (the host runs the
-                    # widest any row asks for, so a row that is not quiet outvotes it)
+QUIET = -1          # the call shape when every live request stays quiet: the program's last
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,8 @@ class AdaptiveState(DecodeState):
     """DecodeState plus the policy's statistics and choice (module docstring). `probe` [B, W] / `probe_len` the
     lookup draft being scored, made when the output was `probe_at` tokens long; `lookup_draft` whether the
     current draft is a lookup draft; `ran` the shape of the last step; `choice` the request's shape for the next
-    one, `shape` the call's (the status table carries it to the host); `quiet` the iterations the request stays
-    passive, `quiet_run` the length of its next quiet period."""
+    one; `quiet_until` the call count (nfe) its quiet period ends at, `quiet_run` the length of its next one. The
+    status table carries `choice` and `quiet` to the host."""
     look_hit: torch.Tensor = None
     look_found: torch.Tensor = None
     diffusion: torch.Tensor = None
@@ -110,9 +112,18 @@ class AdaptiveState(DecodeState):
     lookup_draft: torch.Tensor = None
     ran: torch.Tensor = None
     choice: torch.Tensor = None
-    shape: torch.Tensor = None
-    quiet: torch.Tensor = None
+    quiet_until: torch.Tensor = None
     quiet_run: torch.Tensor = None
+
+    @property
+    def passive(self) -> torch.Tensor:
+        """Which requests [B] are quiet in the next call."""
+        return self.nfe < self.quiet_until
+
+    @property
+    def quiet(self) -> torch.Tensor:
+        """The calls [B] each request stays quiet for."""
+        return (self.quiet_until - self.nfe).clamp(min=0)
 
 
 class Constants(NamedTuple):
@@ -186,7 +197,7 @@ class Policy:
                              diffusion=c.diffusion_prior[None].clone(), probe=torch.zeros_like(base.draft),
                              probe_len=zero.clone(), probe_at=zero.clone(),
                              lookup_draft=torch.zeros_like(base.done), ran=zero.clone(), choice=zero.clone(),
-                             shape=zero.clone(), quiet=zero.clone(), quiet_run=torch.full_like(zero, QUIET_RUNS[0]))
+                             quiet_until=zero.clone(), quiet_run=torch.full_like(zero, QUIET_RUNS[0]))
 
     # -- after a step ------------------------------------------------------------------------------------------
     def score_lookup(self, st: AdaptiveState, draft: torch.Tensor, length: torch.Tensor, found: torch.Tensor,
@@ -222,11 +233,19 @@ class Policy:
         c = self.constants(choice.device)
         return (c.widths[choice] <= self.shapes[shape].width) & (c.masks[choice] <= self.shapes[shape].masks)
 
-    @staticmethod
-    def cover(choice: torch.Tensor, active: torch.Tensor, c: "Constants") -> torch.Tensor:
-        """The index of the fewest-rows shape covering the active requests' choices [B] (0-d)."""
-        covering = ((c.widths[choice] * active)[:, None] <= c.widths) & ((c.masks[choice] * active)[:, None] <= c.masks)
-        return covering.all(0).long().argmax()
+    def cover(self, choices) -> int:
+        """The index of the fewest-rows shape covering every shape index in `choices` (AR for none)."""
+        chosen = [self.shapes[i] for i in choices] or [AR]
+        return self.shapes.index(Shape(max(s.width for s in chosen), max(s.masks for s in chosen)))
+
+    def next_call(self, rows: list[tuple[int, int] | None], lag: int) -> int:
+        """On the host, the shape of the next call from the status table `lag` iterations old: `rows` holds each live
+        request's (choice, quiet calls left), None for one admitted after the table. QUIET when every one stays
+        quiet through the next call (the `lag` calls already issued count against its quiet period), else the
+        cover of their choices."""
+        if rows and all(row is not None and row[1] > lag for row in rows):
+            return QUIET
+        return self.cover([row[0] for row in rows if row is not None])
 
     def lookup_gain(self, st: AdaptiveState, length: torch.Tensor) -> torch.Tensor:
         """Expected tokens [B, W] of an iteration verifying each request's lookup draft (`length` tokens) at
@@ -258,10 +277,10 @@ class Policy:
 
     def choose(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor,
                passive: torch.Tensor | None = None) -> None:
-        """Each request's shape for the next iteration (`choice`) and the call's (`shape`, every row): free, the
-        most expected tokens per ms of the batch at its size; per request, each request's most expected tokens
-        per ms at its `marginal` cost, and the call their cover. Quiet requests (`passive`) keep theirs; a
-        request whose own best (free: the batch's) is AR goes quiet (module docstring)."""
+        """Each request's shape for the next iteration (`choice`): free, the most expected tokens per ms of the batch
+        at its size (every row holds it); per request, each request's most expected tokens per ms at its `marginal`
+        cost (the host runs their cover). Quiet requests (`passive`) keep theirs; a request whose own best (free:
+        the batch's) is AR goes quiet (module docstring)."""
         c = self.constants(length.device)
         passive = torch.zeros_like(st.done) if passive is None else passive
         choosing = ~st.done & ~passive
@@ -270,18 +289,15 @@ class Policy:
             cost = self.marginal(c)
             own = self.best(expected, cost)                                                # [B]
             st.assign(choosing, choice=own)
-            call = self.cover(st.choice, choosing, c)
         else:
             tokens = (expected * choosing[:, None]).sum(0)                                 # [S]
             cost = c.costs[:, 0] + (c.costs[:, 1] - c.costs[:, 0]) * ((st.batch - 1) / (COST_BATCH - 1))
-            call = self.best(tokens, cost)
-            st.choice.copy_(call.expand_as(st.choice))
+            st.choice.copy_(self.best(tokens, cost).expand_as(st.choice))
             own = st.choice
         hopeless = self.best(self.potential(st, length), cost) == 0
-        st.assign(choosing & (own == 0), quiet=torch.where(hopeless, st.quiet_run, QUIET_RUNS[0]))
+        st.assign(choosing & (own == 0), quiet_until=st.nfe + torch.where(hopeless, st.quiet_run, QUIET_RUNS[0]))
         st.assign(choosing & (own == 0) & hopeless, quiet_run=(2 * st.quiet_run).clamp(max=QUIET_RUNS[1]))
         st.assign(choosing & ~hopeless, quiet_run=torch.full_like(st.quiet_run, QUIET_RUNS[0]))
-        self.count_down(st, passive, call)
 
     @staticmethod
     def marginal(c: "Constants") -> torch.Tensor:
@@ -301,13 +317,3 @@ class Policy:
         """The shape [...] of the most tokens [..., S] per ms (cost [S]), AR's rate counted MARGIN times."""
         rate = tokens / cost
         return torch.cat([rate[..., :1] * MARGIN, rate[..., 1:]], -1).argmax(-1)
-
-    def count_down(self, st: AdaptiveState, passive: torch.Tensor, call: torch.Tensor | None = None) -> None:
-        """After a step, the quiet requests (`passive`) count one iteration down, and the call's shape is published:
-        QUIET when every live request is still quiet, else `call` (None: the cover of the others' choices)."""
-        live = ~st.done
-        st.assign(live & passive, quiet=st.quiet - 1)
-        awake = live & (st.quiet == 0)
-        if call is None:
-            call = self.cover(st.choice, awake, self.constants(st.done.device))
-        st.shape.copy_(torch.where(awake.any(), call, QUIET).expand_as(st.shape))

@@ -7,10 +7,11 @@ CPU at once (there is no queue to keep full, an iteration of overshoot would be 
 table is read in place). A step after `done` changes nothing, so whatever ran past the stop is trimmed on
 the device already.
 
-Each row is [done, hold, n_out, start, shape, out[start : start + window]]: hold asks the host to step in
-before the next iteration (a program's `resume`), start is the output length at the previous publish, shape the
-call shape the program chose for the next iteration (an adaptive program's; 0 for the others) and window
-the most tokens a table may have to carry for a request, so the new tokens travel in the same read. At the end of a request, `fetch` reads
+Each row is [done, hold, n_out, start, choice, quiet, out[start : start + window]]: hold asks the host to step in
+before the next iteration (a program's `resume`), start is the output length at the previous publish, choice the
+call shape the request chose for the next iteration and quiet the calls it stays quiet for (an adaptive program's,
+decode/policy.py; 0 for the others), and window the most tokens a table may have to carry for a request, so the
+new tokens travel in the same read. At the end of a request, `fetch` reads
 its counts and output in one more read.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-HEADER = 5   # done, hold, n_out, start, shape
+HEADER = 6   # done, hold, n_out, start, choice, quiet
 
 
 @dataclass
@@ -28,7 +29,8 @@ class Status:
     seq: int                   # which publish this is (0: after the first prefills), to tell requests apart
     done: list[bool]           # per slot
     hold: list[bool]
-    shape: list[int]           # per slot, the shape its program chose for the next iteration
+    choice: list[int]          # per slot, the call shape the request chose for the next iteration
+    quiet: list[int]           # per slot, the calls the request stays quiet for
     tokens: list[list[int]]    # per slot, the tokens the iteration appended to its output
 
 
@@ -39,7 +41,7 @@ class Poll:
         self.window = torch.arange(window, device=device)
         self.start = torch.zeros(slots, dtype=torch.int64, device=device)
         self.no_hold = torch.zeros(slots, dtype=torch.bool, device=device)
-        self.no_shape = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.no_choice = torch.zeros(slots, dtype=torch.int64, device=device)
         self.table = torch.zeros(slots, HEADER + window, dtype=torch.int64, device=device)
         # Read in place when the table is host memory read at once; else through `lag + 1` host buffers
         # (pinned, with their events, on CUDA).
@@ -59,10 +61,11 @@ class Poll:
         past it are left as they are: nobody reads them), in a few batched ops."""
         n = st.batch
         hold = getattr(st, "hold", self.no_hold[:n])
-        shape = getattr(st, "shape", self.no_shape[:n])
+        choice = getattr(st, "choice", self.no_choice[:n])
+        quiet = getattr(st, "quiet", self.no_choice[:n])
         start = self.start[:n]
         window = st.out.gather(1, (start[:, None] + self.window).clamp(max=st.out.shape[1] - 1))
-        header = torch.stack([st.done.long(), hold.long(), st.n_out, start, shape], 1)
+        header = torch.stack([st.done.long(), hold.long(), st.n_out, start, choice, quiet], 1)
         torch.cat([header, window], 1, out=self.table[:n])
         start.copy_(st.n_out)
 
@@ -88,7 +91,7 @@ class Poll:
             self.events[buffer].synchronize()
         rows = self.host[buffer].tolist()
         return Status(seq, [bool(r[0]) for r in rows], [bool(r[1]) for r in rows], [r[4] for r in rows],
-                      [r[HEADER:][:r[2] - r[3]] for r in rows])
+                      [r[5] for r in rows], [r[HEADER:][:r[2] - r[3]] for r in rows])
     def fetch(self, t: torch.Tensor) -> list:
         """A tensor's values on the host through a pinned copy and an event wait (no implicit sync): for
         what a request reads once at its end."""

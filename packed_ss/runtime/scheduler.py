@@ -173,10 +173,15 @@ class Scheduler:
         return live and not held
 
     def _chosen_shape(self, status) -> int:
-        """The shape an adaptive program chose for the batch (every row of a full iteration holds it; the rows
-        of requests that joined by prefill may hold their own choice until then: the widest wins)."""
+        """The call shape of the next iteration: an adaptive program's policy decides it from the live requests'
+        choices in the table (Policy.next_call); the other programs have one."""
+        policy = getattr(self.program, "policy", None)
+        if policy is None:
+            return 0
         seen = [r.slot_at(status.seq) for r in self.running if r is not None]
-        return max((status.shape[b] for b in seen if b is not None), default=self.shape)
+        rows = [None if b is None else (status.choice[b], status.quiet[b]) for b in seen
+                if b is None or not status.done[b]]
+        return policy.next_call(rows, self.batch.poll.lag)
 
     def _deliver(self, status) -> None:
         """Hand out a table's tokens and results; resume held requests; free finished requests' slots."""

@@ -10,10 +10,10 @@ and a request verifies no more of its draft than its own shape does: a batch run
 shapes and each request's tokens are those it would get alone (per-request choice, the rejection sampler), or
 the policy picks the batch's shape freely (greedy and shared noise, where the output does not depend on it).
 After every step (the prefill too) the lookup draft of the prefix after the call becomes the next draft where
-one is found, the policy scores drafts and chooses, and the status table carries the call's next shape to the
-host, which runs it next (on CUDA an iteration late). When every live request is quiet (the policy's quiet
-periods) the host runs the lean AR step instead (index QUIET, the last): the AR call, an empty draft verified,
-and nothing else.
+one is found, the policy scores drafts and chooses, and the status table carries each request's choice to the
+host, which runs the cover of the choices next (on CUDA an iteration late). When every live request stays quiet
+through the next call (the policy's quiet periods, Policy.next_call) the host runs the lean AR step instead (index
+QUIET, the last): the AR call, an empty draft verified, and nothing else.
 """
 import torch
 
@@ -66,7 +66,7 @@ class Adaptive(Schedule):
         def update(st, logits):
             rows = self.epilogue.rows(logits)
             c = self.policy.constants(st.done.device)
-            passive = st.quiet > 0
+            passive = st.passive
             ran = torch.where(passive, 0, st.choice if self.policy.per_request else index)
             held = ~st.done & ~self.policy.covers(index, ran)     # chose a wider shape than this call: sits out
             verified_lookup, before, offset = st.lookup_draft.clone(), st.n_out.clone(), st.offset.clone()
@@ -82,17 +82,10 @@ class Adaptive(Schedule):
         return update
 
     def _quiet(self, st, logits):
-        """The lean AR step, run when every live request is quiet: each verifies an empty draft and counts down;
-        nothing else runs. A request that is not quiet (the host ran this call before it saw its choice) sits
-        the step out."""
-        rows = self.epilogue.rows(logits)
-        passive = st.quiet > 0
-        held, offset = ~st.done & ~passive, st.offset.clone()
-        st.done.logical_or_(held)
-        st.assign(~st.done, draft_len=torch.zeros_like(st.draft_len))
-        self.epilogue.step(st, verify=rows[:1])
-        self._rejoin(st, held, offset)
-        self.policy.count_down(st, passive)
+        """The lean AR step, run when the host knows every live request is quiet in it (Policy.next_call): each
+        verifies an empty draft (one that went quiet holding a draft drops it), and nothing else runs."""
+        st.draft_len.zero_()
+        self.epilogue.step(st, verify=self.epilogue.rows(logits))
 
     def _point_mass(self, st, draft: torch.Tensor, rows: torch.Tensor) -> None:
         """A lookup draft's stored Q, in place in the `rows` [B] that take one: all mass on each draft token (in
@@ -127,11 +120,7 @@ class Adaptive(Schedule):
         if self.looks_up:
             self.policy.score_lookup(st, draft, length, found, passive)
         if held is not None:
-            self._rejoin(st, *held)
+            held, offset = held
+            st.done.logical_and_(~held)
+            st.offset.copy_(torch.where(held, offset, st.offset))
         self.policy.choose(st, length, found, passive)
-
-    @staticmethod
-    def _rejoin(st, held: torch.Tensor, offset: torch.Tensor) -> None:
-        """Requests that sat the step out (`held`) rejoin with their RNG offsets from before it (`offset`)."""
-        st.done.logical_and_(~held)
-        st.offset.copy_(torch.where(held, offset, st.offset))

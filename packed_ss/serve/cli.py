@@ -1,8 +1,7 @@
-"""`python -m packed_ss serve [MODEL_DIR] [options]`: the OpenAI-compatible server (app.py) with uvicorn."""
+"""`python -m packed_ss serve [MODEL] [options]`: the OpenAI-compatible server (app.py) with uvicorn."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -17,7 +16,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a model behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
                     "/v1/models, /health, /metrics), every request decoded by packed self-speculative decoding "
                     "in one continuously batched engine. Needs the serve extra: pip install -e '.[serve]'.")
-    p.add_argument("model", nargs="?", default=None, help="model directory (default: the shipped model)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model directory, GGUF file or name ('tiny', 'any-order', 'smollm2-135m'; default: 'tiny', "
+                        "the shipped model)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--schedule", default=None, help="decoding schedule (default: the engine's, adaptive)")
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
         print("error: serving needs the serve extra: pip install -e '.[serve]'")
         return 2
     from ..engine import Engine
-    from ..model.loading import default_model_path, load_model
+    from ..model.loading import load_model
+    from ..model.sources import resolve_model
     from ..model.tokenizer import load_tokenizer
     from .app import make_app
 
@@ -54,7 +56,7 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             print(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
             return 2
-    path = Path(args.model) if args.model else default_model_path()
+    path = resolve_model(args.model)
     adapter = None if args.no_draft_adapter else (args.draft_adapter or "auto")
     model = load_model(path, device=args.device, dtype=getattr(torch, args.dtype) if args.dtype else None,
                        draft_adapter=adapter)

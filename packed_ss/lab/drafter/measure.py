@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ...model.loading import load_model
+from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
 from ...width import PROFILE_FILE
 from . import data, options
@@ -44,11 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ...cli import model_path
-
     args = build_parser().parse_args(argv)
-    path = model_path(args.model)
     try:
+        path = resolve_model(args.model)
         model = load_model(path, device=args.device,
                            draft_adapter=None if args.draft_adapter == "none" else args.draft_adapter)
         options.check_arguments(args, model)

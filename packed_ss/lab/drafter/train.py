@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ...model.adapter import TARGETS
 from ...model.loading import load_model
+from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
 from ...width import PROFILE_FILE
 from ..train.loop import fit, mean_last
@@ -99,13 +100,11 @@ def step_loss(model, train, args, gen: torch.Generator):
 
 
 def main(argv=None) -> int:
-    from ...cli import model_path
-
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     started = time.time()
-    path = model_path(args.model)
     try:
+        path = resolve_model(args.model)
         model = load_model(path, device=args.device, draft_adapter=None)
         targets_ = check_args(args, model)
         torch.set_num_threads(args.threads)

@@ -22,7 +22,7 @@ from .engine import MAX_WIDTH, SAMPLERS, Engine
 from .model.loading import DTYPES, load_model
 from .model.setdlm import convert
 from .model.sources import resolve_model
-from .model.tokenizer import load_tokenizer
+from .model.tokenizer import chat_renderer, load_tokenizer
 
 FORWARDED = {    # commands that parse their own options (the lab's, the server): name -> (module under packed_ss, help)
     "serve": ("serve.cli", "serve a model behind an OpenAI-compatible HTTP API (the serve extra)"),
@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "'prompt' string (HumanEval's format works as is) and optionally 'max_new_tokens' and "
                           "'seed'; one schedule (the default, adaptive, unless --schedule names another), one JSON line per "
                           "prompt on stdout (index, completion, tokens, nfe), the throughput on stderr")
+    gen.add_argument("--chat", action="store_true",
+                     help="send each prompt as a user turn through the model's chat template (tokenizer_config.json's "
+                          "or the GGUF file's) and decode the assistant's reply, which ends at the model's stop token")
     gen.add_argument("--batch-size", type=_positive_int, default=8,
                      help="with --prompts-file: requests decoded at once, one model call per step for all of "
                           "them; a finished request's slot takes the next prompt (default 8)")
@@ -150,9 +153,11 @@ def generate(args) -> int:
     tokenizer = load_tokenizer(path)
     if (args.prompt is None) == (args.prompts_file is None):
         raise ValueError("give either a prompt or --prompts-file, not both")
+    as_text = user_turn(path) if args.chat else (lambda prompt: prompt)
     if args.prompts_file is not None:
-        return generate_file(model, tokenizer, args)
-    prompt = tokenizer.encode(args.prompt).ids
+        return generate_file(model, tokenizer, args, as_text)
+    text = as_text(args.prompt)
+    prompt = tokenizer.encode(text).ids
     every = ANY_ORDER_SCHEDULES if model.cfg.any_order else SCHEDULES
     schedules = list(every) if args.schedule == "all" else [args.schedule]
     if model.cfg.any_order and args.temperature > 0:
@@ -162,7 +167,8 @@ def generate(args) -> int:
         schedules = [s for s in schedules if s != "threshold"]
     if args.stream:
         name = None if args.schedule == "all" else args.schedule
-        return stream(Engine(model, schedule=name, width=args.width, order=args.order, sampler=args.sampler), tokenizer, prompt, args)
+        return stream(Engine(model, schedule=name, width=args.width, order=args.order, sampler=args.sampler), tokenizer,
+                      prompt, text, args)
     rows, continuation = [], None
     for name in schedules:
         order = args.order if name not in ("ar", "threshold") else None
@@ -174,7 +180,7 @@ def generate(args) -> int:
         log(f"  {len(res.tokens)} tokens in {time.perf_counter() - start:.2f} s")
         continuation = continuation or res.tokens
         rows.append((name, res))
-    print(args.prompt + tokenizer.decode(continuation))
+    print(text + tokenizer.decode(continuation))
     print()
     header = (f"{'schedule':<10} {'tokens':>6} {'NFE':>5} {'tokens/NFE':>10} {'wall s':>8} {'tokens/s':>9} "
               f"{'same text':>9}")
@@ -186,7 +192,15 @@ def generate(args) -> int:
     return 0
 
 
-def generate_file(model, tokenizer, args) -> int:
+def user_turn(path: Path):
+    """prompt -> the text of one user turn in the model's chat template, the assistant's turn opened (--chat)."""
+    render = chat_renderer(path)
+    if render is None:
+        raise ValueError(f"--chat: model {path} has no chat template")
+    return lambda prompt: render([{"role": "user", "content": prompt}])
+
+
+def generate_file(model, tokenizer, args, as_text) -> int:
     """Every prompt of a JSONL file through generate_batch; a JSON line per prompt, in order."""
     records = []
     for number, line in enumerate(args.prompts_file.read_text().splitlines(), 1):
@@ -203,7 +217,7 @@ def generate_file(model, tokenizer, args) -> int:
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     results = engine.generate_batch(
-        [tokenizer.encode(r["prompt"]).ids for r in records],
+        [tokenizer.encode(as_text(r["prompt"])).ids for r in records],
         max_new_tokens=[r.get("max_new_tokens", args.max_new_tokens) for r in records],
         seed=[r.get("seed", args.seed + i) for i, r in enumerate(records)],
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, batch_size=batch_size, progress=True)
@@ -216,9 +230,9 @@ def generate_file(model, tokenizer, args) -> int:
     return 0
 
 
-def stream(engine: Engine, tokenizer, prompt: list[int], args) -> int:
-    """Print the prompt, then the text of each accepted block as the engine yields it."""
-    print(args.prompt, end="", flush=True)
+def stream(engine: Engine, tokenizer, prompt: list[int], text: str, args) -> int:
+    """Print the prompt's text, then the text of each accepted block as the engine yields it."""
+    print(text, end="", flush=True)
     decoding = engine.stream(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                              top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     tokens, shown = [], ""

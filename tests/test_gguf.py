@@ -135,7 +135,7 @@ def test_named_models(monkeypatch):
         packed_ss.load_model("smollm2-135m")
 
 
-def test_cli_generates_from_a_name_and_a_gguf_file(tmp_path, capsys):
+def test_cli_generates_from_a_name_a_gguf_file_and_its_chat_template(tmp_path, capsys):
     assert main(["generate", "def add(a, b):", "--model", "tiny", "--schedule", "ar", "--max-new-tokens", "4"]) == 0
     path = tmp_path / "tiny.gguf"
     write_llama_gguf(path)
@@ -144,6 +144,13 @@ def test_cli_generates_from_a_name_and_a_gguf_file(tmp_path, capsys):
     table = capsys.readouterr().out.splitlines()
     assert {line.split()[0] for line in table if line.endswith(" yes")} == {"ar", "linear", "quadratic", "packed",
                                                                             "lookup", "adaptive"}
+    turn = "<|im_start|>user\nAdd two numbers.<|im_end|>\n<|im_start|>assistant\n"
+    for extra in ([], ["--stream"]):
+        assert main(["generate", "Add two numbers.", "--model", str(path), "--chat", "--schedule", "ar",
+                     "--max-new-tokens", "4", *extra]) == 0
+        assert capsys.readouterr().out.startswith(turn)
+    assert main(["generate", "x", "--model", "tiny", "--chat"]) == 2
+    assert "--chat: model" in capsys.readouterr().err
     _truncate(path, 100)
     assert main(["generate", "x", "--model", str(path)]) == 2
     assert f"error: {path}: reading it as GGUF failed" in capsys.readouterr().err

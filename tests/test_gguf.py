@@ -124,7 +124,7 @@ def test_bad_gguf_is_a_value_error_naming_the_file(tmp_path, case, loader):
 
 
 def test_named_models(monkeypatch):
-    assert sources.resolve_model("tiny") == sources.resolve_model("default") == sources.default_model_path()
+    assert sources.resolve_model("tiny") == sources.resolve_model(Path("default")) == sources.default_model_path()
     tiny, default = packed_ss.load_model("tiny"), packed_ss.load_model()
     assert torch.equal(tiny.model.embed_tokens.weight, default.model.embed_tokens.weight)
     assert packed_ss.load_tokenizer("tiny").encode("def f():").ids == packed_ss.load_tokenizer().encode("def f():").ids

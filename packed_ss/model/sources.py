@@ -42,8 +42,9 @@ def resolve_model(model: str | Path | None) -> Path:
     """The directory or GGUF file of `model`: a name in NAMES, a path, or None for the tiny shipped model."""
     if model is None:
         return default_model_path()
-    if isinstance(model, str) and model in NAMES and not Path(model).exists():
-        return default_model_path(SHIPPED[model]) if model in SHIPPED else packaged_model_path(model)
+    name = str(model)
+    if name in NAMES and not Path(name).exists():
+        return default_model_path(SHIPPED[name]) if name in SHIPPED else packaged_model_path(name)
     path = Path(model).expanduser()
     if not path.exists():
         raise ValueError(f"model: {str(model)!r} is neither a path that exists nor a model name; names: {NAMES}")

@@ -1,7 +1,8 @@
 """GGUF files and named models: a llama GGUF (llama.cpp's layout, quantized or not) loads into the engine,
 which then decodes exactly as transformers' own `gguf_file=` load does; its tokenizer, chat template and stop
 token come from the file; a damaged or foreign file is a ValueError naming it; SmolLM2-135M-Instruct, where
-its package is installed, decodes as transformers does."""
+its package is installed, decodes as transformers does. The oracle, transformers' gguf_file= load, needs the
+test extra's gguf and accelerate."""
 import importlib.util
 from pathlib import Path
 
@@ -14,9 +15,6 @@ from packed_ss.cli import main
 from packed_ss.model import gguf as gguf_model
 from packed_ss.model import sources
 from packed_ss.model.tokenizer import chat_renderer
-
-pytest.importorskip("gguf")
-pytest.importorskip("accelerate")     # transformers' gguf_file= load, the oracle, needs it
 
 FILES = [("F32", True), ("Q8_0", False), ("Q4_1", True)]     # (file type of the matrices, tied head)
 TEXTS = ["def add(a, b):\n    return a", "The quick brown fox"]

@@ -154,6 +154,29 @@ def test_cli_generates_from_a_name_a_gguf_file_and_its_chat_template(tmp_path, c
     assert f"error: {path}: reading it as GGUF failed" in capsys.readouterr().err
 
 
+def test_server_chat_renders_the_files_template(tmp_path):
+    """/v1/chat/completions on a GGUF model: the prompt is the file's chat template around the messages."""
+    pytest.importorskip("uvicorn")
+    openai = pytest.importorskip("openai")
+    from test_serve import Served
+
+    from packed_ss.serve.app import make_app
+
+    path = tmp_path / "chat.gguf"
+    write_llama_gguf(path)
+    model, tok = packed_ss.load_model(path), packed_ss.load_tokenizer(path)
+    messages = [{"role": "user", "content": "Add two numbers."}]
+    prompt = tok.encode(chat_renderer(path)(messages)).ids
+    want = packed_ss.Engine(model, schedule="ar").generate(prompt, max_new_tokens=12).tokens
+    server = Served(make_app(packed_ss.Engine(model, schedule="ar"), tok, "chat", path))
+    try:
+        got = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0).chat.completions.create(
+            model="chat", messages=messages, max_tokens=12, temperature=0.0)
+    finally:
+        server.stop()
+    assert got.model_extra["packed_ss"]["token_ids"] == want and got.usage.prompt_tokens == len(prompt)
+
+
 @pytest.mark.slow
 def test_smollm2_greedy_equals_transformers():
     """The real file: float64 greedy chat turns of 24 tokens, `ar`, token for token against transformers."""

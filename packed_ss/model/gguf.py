@@ -54,12 +54,13 @@ def metadata(file: Path) -> dict:
 
 
 def mask_token(tokenizer: dict, chat_template: str | None) -> int | None:
-    """The token fed to drafting rows. A GGUF model has no drafting mode and so no mask token; the best stand-in
-    is a token the model neither reads nor writes, so that the drafting rows carry no meaning of their own:
+    """The token fed to drafting rows. A GGUF model has no drafting mode and so no mask token; the stand-in is a
+    token the model neither reads nor writes in use, so that the drafting rows carry no meaning of their own:
     the first token llama.cpp marks UNUSED, else the last CONTROL token that has no special role (BOS, EOS,
     unknown, padding) and that the chat template does not write. For SmolLM2-135M-Instruct that is
-    `<empty_output>` (id 16), its pre-training marker of an empty Jupyter cell output, which a chat never
-    uses. None when the vocabulary has neither: the model then decodes as a causal model (AR and lookup)."""
+    `<empty_output>` (id 16), the code pre-training marker of an empty Jupyter cell output, which its chat
+    template never writes. None when the vocabulary has neither: the model then decodes as a causal model
+    (AR and lookup)."""
     tokens, types = tokenizer["tokens"], tokenizer.get("token_type") or []
     unused = [i for i, kind in enumerate(types) if kind == UNUSED]
     if unused:

@@ -173,8 +173,7 @@ class Scheduler:
         return live and not held
 
     def _chosen_shape(self, status) -> int:
-        """The call shape of the next iteration: an adaptive program's policy decides it from the live requests'
-        choices in the table (Policy.next_call); the other programs have one."""
+        """The next call's shape: an adaptive program's policy picks it from the live rows (Policy.next_call)."""
         policy = getattr(self.program, "policy", None)
         if policy is None:
             return 0

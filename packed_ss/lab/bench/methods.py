@@ -10,6 +10,7 @@ import torch
 
 from ...decode.sampling import SamplingParams
 from ...engine import Engine
+from ...model.sources import is_gguf
 from ...runtime.program import call_layouts
 
 
@@ -94,13 +95,16 @@ class HF:
 
 
 def load_hf(path: Path, dtype: torch.dtype, device: str):
-    """The directory as a transformers model for the peers, without the directory's sampling defaults."""
+    """The model directory or GGUF file as a transformers model for the peers (a GGUF file by transformers' own
+    `gguf_file=` load), without the directory's sampling defaults."""
     from transformers import AutoModelForCausalLM, GenerationConfig
     from transformers.utils import logging
 
     logging.disable_progress_bar()      # keep stderr for our own progress bar
+    where = dict(pretrained_model_name_or_path=path.parent, gguf_file=path.name) if is_gguf(path) else \
+        dict(pretrained_model_name_or_path=path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype).to(device).eval()
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"transformers cannot load {path} for the peers ({err}); pass --peers with no names "
                          f"to skip them") from err

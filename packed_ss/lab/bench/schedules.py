@@ -37,7 +37,8 @@ import torch
 from ...decode.schedules import DRAFT_SOURCES, SCHEDULES
 
 FIXED = [s for s in SCHEDULES if s != "adaptive"]     # one shape each; the adaptive one: bench-adaptive
-from ...model.loading import DTYPES, default_model_path, load_model
+from ...model.loading import DTYPES, load_model
+from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
@@ -74,7 +75,7 @@ class ScheduleRecord:
 def run(args) -> dict:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     torch.set_num_threads(args.threads)
-    path = Path(args.model) if args.model else default_model_path()
+    path = resolve_model(args.model)
     dtype = DTYPES[args.dtype]
     adapter = {"auto": "auto", "none": None}.get(args.draft_adapter, args.draft_adapter)
     model = load_model(path, device=args.device, dtype=dtype, draft_adapter=adapter)
@@ -231,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "tokens/NFE, time/NFE, model vs non-model time, paired bootstrap 95% intervals against "
                     "Linear-SS, transformers peers on the same weights, and a cost model.")
     add_shared_args(p, FULL, QUICK, outputs="bench.json, bench.md, *.png",
-                    model="local model directory (default: the embedded model)")
+                    model="a model directory, a GGUF file or a name (tiny, smollm2-135m; default: tiny)")
     p.add_argument("--widths", type=width, nargs="+", default=None,
                    help=f"speculative widths, integers or 'auto' (the engine's choice; default {FULL['widths']})")
     p.add_argument("--draft-adapter", default="auto",

@@ -226,7 +226,8 @@ class Policy:
         observed = (ran[:, None] == c.packed) & ((st.ran == ran) & ~verified_lookup)[:, None]           # [B, P]
         updated = st.diffusion + RATE * (emitted[:, None].to(st.diffusion.dtype) - st.diffusion)
         drifted = st.diffusion + DRIFT * (c.diffusion_prior - st.diffusion)
-        st.assign(~st.done if passive is None else ~st.done & ~passive, diffusion=torch.where(observed, updated, drifted), ran=ran)
+        active = ~st.done if passive is None else ~st.done & ~passive
+        st.assign(active, diffusion=torch.where(observed, updated, drifted), ran=ran)
 
     def covers(self, shape: int, choice: torch.Tensor) -> torch.Tensor:
         """Whether the call shape `shape` covers each request's chosen shape `choice` [B]."""

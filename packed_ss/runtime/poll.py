@@ -41,7 +41,7 @@ class Poll:
         self.window = torch.arange(window, device=device)
         self.start = torch.zeros(slots, dtype=torch.int64, device=device)
         self.no_hold = torch.zeros(slots, dtype=torch.bool, device=device)
-        self.no_choice = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.zeros = torch.zeros(slots, dtype=torch.int64, device=device)    # choice and quiet of other programs
         self.table = torch.zeros(slots, HEADER + window, dtype=torch.int64, device=device)
         # Read in place when the table is host memory read at once; else through `lag + 1` host buffers
         # (pinned, with their events, on CUDA).
@@ -61,8 +61,8 @@ class Poll:
         past it are left as they are: nobody reads them), in a few batched ops."""
         n = st.batch
         hold = getattr(st, "hold", self.no_hold[:n])
-        choice = getattr(st, "choice", self.no_choice[:n])
-        quiet = getattr(st, "quiet", self.no_choice[:n])
+        choice = getattr(st, "choice", self.zeros[:n])
+        quiet = getattr(st, "quiet", self.zeros[:n])
         start = self.start[:n]
         window = st.out.gather(1, (start[:, None] + self.window).clamp(max=st.out.shape[1] - 1))
         header = torch.stack([st.done.long(), hold.long(), st.n_out, start, choice, quiet], 1)

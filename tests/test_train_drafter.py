@@ -10,7 +10,7 @@ from tiny_models import checkpoint
 import packed_ss
 from packed_ss.cli import main
 from packed_ss.decode.schedules.base import layout
-from packed_ss.lab.drafter import lora
+from packed_ss.lab.drafter import lora, resume, train
 from packed_ss.lab.drafter.calls import base_cache, drafting_logits, targets
 from packed_ss.lab.drafter.data import function_prompts
 from packed_ss.lab.drafter.profile import acceptance, leading, replay
@@ -109,13 +109,15 @@ def test_function_prompts_end_after_a_docstring():
     assert function_prompts(texts, tok, 5, 500, torch.Generator()) == []      # no function has 500 tokens before it
 
 
+TRAINED = ["--steps", "3", "--sequences", "4", "--eval-sequences", "2", "--eval-functions", "1", "--prompt-tokens",
+           "16", "--gen-tokens", "24", "--width", "4", "--batch", "2", "--queries", "8", "--rank", "4", "--targets",
+           "q_proj,o_proj,down_proj", "--threads", "1", "--seed", "1"]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("drafter") / "adapter"
-    argv = ["train-drafter", "default", "--out", str(out), "--steps", "3", "--sequences", "4", "--eval-sequences",
-            "2", "--eval-functions", "1", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--batch", "2", "--queries", "8",
-            "--rank", "4", "--targets", "q_proj,o_proj,down_proj", "--threads", "1", "--seed", "1"]
-    assert main(argv) == 0
+    assert main(["train-drafter", "default", "--out", str(out), *TRAINED]) == 0
     return out
 
 
@@ -151,12 +153,44 @@ def test_trained_adapter_changes_drafts_never_output(trained):
 
 
 def test_train_drafter_is_deterministic(trained, tmp_path):
-    argv = ["train-drafter", "default", "--out", str(tmp_path / "again"), "--steps", "3", "--sequences", "4",
-            "--eval-sequences", "2", "--eval-functions", "1", "--prompt-tokens", "16", "--gen-tokens", "24", "--width", "4", "--batch", "2",
-            "--queries", "8", "--rank", "4", "--targets", "q_proj,o_proj,down_proj", "--threads", "1", "--seed", "1"]
-    assert main(argv) == 0
+    assert main(["train-drafter", "default", "--out", str(tmp_path / "again"), *TRAINED]) == 0
     assert (tmp_path / "again" / "adapter_model.safetensors").read_bytes() == \
         (trained / "adapter_model.safetensors").read_bytes()
+
+
+def test_an_interrupted_run_resumes_to_the_same_adapter(trained, tmp_path, monkeypatch, capsys):
+    """A run stopped after step 2 (checkpoint after step 1) and resumed ends where the uninterrupted run did:
+    the same continuations (read back, not regenerated), adapter, optimizer and batches."""
+    out = str(tmp_path / "stopped")
+    whole = train.step_loss
+
+    def stops_at_step_2(*args):
+        loss, calls = whole(*args), []
+
+        def step():
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return loss()
+        return step
+
+    monkeypatch.setattr(train, "step_loss", stops_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        main(["train-drafter", "default", "--out", out, *TRAINED, "--checkpoint-every", "1"])
+    monkeypatch.setattr(train, "step_loss", whole)
+    assert len(torch.load(tmp_path / "stopped" / resume.STATE_FILE)["history"]) == 1
+    monkeypatch.setattr(train.data, "continuations", None)        # resuming must not generate them again
+    assert main(["train-drafter", "default", "--out", out, *TRAINED, "--resume", "--eval-every", "2"]) == 0
+    assert (tmp_path / "stopped" / "adapter_model.safetensors").read_bytes() == \
+        (trained / "adapter_model.safetensors").read_bytes()
+    report = json.loads((tmp_path / "stopped" / "report.json").read_text())
+    assert [p["step"] for p in report["curve"]] == [0, 2, 3]
+    assert report["curve"][-1]["tokens_per_call"]["lagged"] == report["after"]["profile"]["lagged"][3]
+    assert report["training"]["loss_last"] == json.loads((trained / "report.json").read_text())["training"]["loss_last"]
+    capsys.readouterr()
+    assert main(["train-drafter", "default", "--out", out, *TRAINED[:-2], "--seed", "2", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume:" in err and "seed 1 there, 2 now" in err
 
 
 def test_train_drafter_rejects_bad_arguments(tmp_path, capsys):

@@ -13,14 +13,16 @@ from .optim import lr_mult
 StepLoss = Callable[[], tuple[torch.Tensor, dict[str, torch.Tensor], dict]]
 
 
-def fit(model, optimizers, args, step_loss: StepLoss) -> list[dict[str, float]]:
+def fit(model, optimizers, args, step_loss: StepLoss, history: list[dict[str, float]] | None = None,
+        after_step: Callable[[int, list[dict[str, float]]], None] | None = None) -> list[dict[str, float]]:
     """Run --steps steps; `step_loss()` draws the next batch and returns (loss to minimise, its named terms,
     extra fields for the progress bar). Gradients are clipped to --grad-clip and every base lr is scaled by
-    `lr_mult`. Returns the terms of every step, as floats."""
+    `lr_mult`. Returns the terms of every step, as floats. A resumed run passes the `history` of the steps
+    already taken and continues after them; `after_step(steps done, history)` runs after every step."""
     model.train()
-    history = []
-    with progress(args.steps, "training", interval=args.log_every_s, unit="step") as bar:
-        for step in range(args.steps):
+    history = [] if history is None else history
+    with progress(args.steps, "training", interval=args.log_every_s, unit="step", initial=len(history)) as bar:
+        for step in range(len(history), args.steps):
             loss, terms, shown = step_loss()
             for opt, _ in optimizers:
                 opt.zero_grad(set_to_none=True)
@@ -36,6 +38,9 @@ def fit(model, optimizers, args, step_loss: StepLoss) -> list[dict[str, float]]:
             means = {name: f"{sum(h[name] for h in recent) / len(recent):.3f}" for name in terms}
             bar.set_postfix({**means, **shown, "lr": f"x{mult:.3f}", "gn": f"{float(grad_norm):.2f}"}, refresh=False)
             bar.update()
+            if after_step is not None:
+                after_step(step + 1, history)
+                model.train()
     return history
 
 

@@ -152,7 +152,7 @@ def test_cli_generates_a_prompts_file_in_batches(tmp_path):
     file = tmp_path / "prompts.jsonl"
     file.write_text("".join(json.dumps({"task_id": i, "prompt": t}) + "\n" for i, t in enumerate(texts)))
     proc = subprocess.run([sys.executable, "-m", "packed_ss", "generate", "--prompts-file", str(file),
-                           "--batch-size", "2", "--max-new-tokens", "12"], capture_output=True, text=True,
+                           "--batch-size", "2", "--max-new-tokens", "12", "--dtype", "float32"], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]

@@ -138,7 +138,7 @@ def test_cli_generates_from_a_name_a_gguf_file_and_its_chat_template(tmp_path, c
     path = tmp_path / "tiny.gguf"
     write_llama_gguf(path)
     assert main(["generate", "def add(a, b):", "--model", str(path), "--schedule", "all",
-                 "--max-new-tokens", "6"]) == 0
+                 "--max-new-tokens", "6", "--dtype", "float32"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert {line.split()[0] for line in table if line.endswith(" yes")} == {"ar", "linear", "quadratic", "packed",
                                                                             "lookup", "adaptive"}

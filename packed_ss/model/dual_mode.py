@@ -122,6 +122,7 @@ class DualModeModel(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.draft_profile: dict | None = None   # the drafter's acceptance profile (width.py), set by loading
         self.adapter_dir: Path | None = None     # the drafting adapter's directory, set by loading
+        self.dtype_source: str | None = None     # how loading chose the dtype ("asked for", "default", dtype.py's)
 
     def _apply(self, fn, recurse=True):
         # Keep the rope frequencies in float32 whatever the model dtype (HF computes them that way).

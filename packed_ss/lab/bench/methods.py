@@ -49,16 +49,18 @@ class Ours:
         self.width, self.timer = (None if schedule == "ar" else width), timer
         self.engine = Engine(model, schedule=schedule, width=width, drafts=drafts)
         self.name = schedule if drafts in (None, "diffusion") else f"{schedule}+{drafts}"
-        self.layouts = call_layouts(self.engine.program(SamplingParams()))    # one iteration's calls
+        # one iteration's calls; the adaptive schedule's change from one iteration to the next
+        self.layouts = None if schedule == "adaptive" else call_layouts(self.engine.program(SamplingParams()))
 
     def warm_up(self, prompt: list[int], max_new_tokens: int):
         self.engine.generate(prompt, min(8, max_new_tokens))
         self.timer.take()
 
-    def run(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int):
-        res = self.engine.generate(prompt, max_new_tokens, temperature=temperature, seed=seed)
+    def run(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int, top_p: float | None = None):
+        res = self.engine.generate(prompt, max_new_tokens, temperature=temperature, seed=seed,
+                                   top_p=top_p if temperature > 0 else None)
         calls = self.timer.take()
-        iterations = res.nfe - 1 if self.name == "ar" else res.n_verify
+        iterations = res.nfe - 1 if self.name in ("ar", "adaptive") else res.n_verify
         return res.tokens, dict(tokens=len(res.tokens), nfe=res.nfe, wall_s=res.wall_s, model_s=res.model_s,
                                 prefill_s=calls[0], iterations=iterations, n_accepted=res.n_accepted)
 
@@ -73,11 +75,11 @@ class HF:
     def warm_up(self, prompt: list[int], max_new_tokens: int):
         self.run(prompt, min(8, max_new_tokens), 0.0, 0)
 
-    def run(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int):
+    def run(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int, top_p: float | None = None):
         from transformers import GenerationConfig
 
         # top_k=0: transformers would otherwise apply its global default top-k 50 when sampling
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else {}
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=top_p or 1.0) if temperature > 0 else {}
         config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=self.eos, pad_token_id=self.eos[0],
                                   prompt_lookup_num_tokens=self.lookup, **sampling)
         device = self.model.device

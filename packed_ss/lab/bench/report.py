@@ -54,7 +54,8 @@ def schedules_markdown(result: dict) -> str:
             "| call | rows | median ms | fit ms |", "|---|---:|---:|---:|"]
     out += [f"| {p['kind']} | {p['rows']} | {p['median_ms']:.3f} | {p['fit_ms']:.3f} |" for p in lat["points"]]
     for t in meta["temperatures"]:
-        out += ["", f"### Temperature {t:g}", "",
+        top_p = f", top-p {meta['top_p']:g}" if t > 0 and meta.get("top_p") else ""
+        out += ["", f"### Temperature {t:g}{top_p}", "",
                 "| method | W | tokens | NFE | wall s | tok/s | tok/NFE | ms/NFE | non-model % | acc/verify "
                 "| tput ratio vs ar [95% CI] | tput ratio vs hf-lookup [95% CI] | tput ratio vs linear [95% CI] "
                 "| wall diff ms/resp [95% CI] | tok/NFE ratio | time/NFE ratio |",

@@ -36,7 +36,7 @@ import torch
 
 from ...decode.schedules import DRAFT_SOURCES, SCHEDULES
 
-FIXED = [s for s in SCHEDULES if s != "adaptive"]     # one shape each; the adaptive one: bench-adaptive
+FIXED = [s for s in SCHEDULES if s != "adaptive"]     # one call shape each; adaptive (the default) on request
 from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
 from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
@@ -86,7 +86,7 @@ def run(args) -> dict:
 
     timer = CallTimer(model, model.device)
     methods = [Ours(model, name, w, timer, drafts) for name in args.schedules if name != "ar" for w in args.widths
-               for drafts in ([None] if name == "lookup" else
+               for drafts in ([None] if name in ("lookup", "adaptive") else
                               sorted(set(args.drafts) | ({"diffusion"} if name == "linear" else set())))]
     if "ar" in args.schedules:
         methods.insert(0, Ours(model, "ar", 1, timer))
@@ -118,7 +118,7 @@ def run(args) -> dict:
                     group = []
                     for k in range(len(methods)):                  # rotate the order so drift hits all alike
                         m = methods[(k + p + s) % len(methods)]
-                        tokens, stats = m.run(ids, args.max_new_tokens, t, seed)
+                        tokens, stats = m.run(ids, args.max_new_tokens, t, seed, args.top_p)
                         group.append((ScheduleRecord(m.name, m.width, t, p, s, seed, **stats), tokens))
                         bar.set_postfix_str(f"T={t:g} {task_id} {m.name}{'' if m.width is None else f' W={m.width}'}: "
                                             f"{stats['tokens'] / stats['wall_s']:.0f} tok/s", refresh=False)
@@ -128,13 +128,14 @@ def run(args) -> dict:
                         rec.same_as_ar = tokens == ar if t == 0 and ar is not None else None
                         records.append(rec)
 
-    result = {"meta": {"model": str(path), "dtype": str(dtype).removeprefix("torch."), "dtype_source": model.dtype_source, "device": str(model.device),
+    result = {"meta": {"model": str(path), "dtype": str(dtype).removeprefix("torch."),
+                       "dtype_source": model.dtype_source, "device": str(model.device),
                        "threads": torch.get_num_threads(), "n_prompts": len(prompts), "limit": args.limit,
                        "max_new_tokens": args.max_new_tokens, "widths": args.widths,
                        "draft_adapter": args.draft_adapter, "draft_profile": model.draft_profile is not None,
                        "auto_widths": {m.name: m.engine.width for m in methods
                                        if isinstance(m, Ours) and m.width == "auto"},
-                       "temperatures": args.temperatures, "samples": args.samples, "seed": args.seed,
+                       "temperatures": args.temperatures, "top_p": args.top_p, "samples": args.samples, "seed": args.seed,
                        "resamples": args.resamples, "quick": args.quick, "schedules": args.schedules,
                        "peers": args.peers, "torch": torch.__version__, "python": platform.python_version(),
                        "cpu": _cpu_name(), "command": " ".join(sys.argv),
@@ -179,7 +180,7 @@ def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n
                 if peer is not None and key != ("hf-lookup", peer_w):
                     row["vs_hf_lookup"] = paired(per_prompt(groups[key], n_prompts), peer, counts)
                 summary.append(row)
-                if isinstance(m, Ours):
+                if isinstance(m, Ours) and m.layouts is not None:
                     c = cost_model(m, groups[key], latency)
                     c["ratio_vs_linear"] = {k: v / linear_cost["rate"][k] for k, v in c.pop("rate").items()}
                     costs.append({"method": m.name, "width": m.width, "engine_width": m.engine.width,
@@ -240,8 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the drafting adapter: 'auto' (the one the model ships, the default), 'none', or a directory")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="default: 0 1")
     p.add_argument("--samples", type=int, default=1, help="responses per prompt at temperature > 0 (default 1)")
-    p.add_argument("--schedules", nargs="+", default=FIXED, choices=FIXED,
-                   help="our schedules (default all; linear is required: it is the baseline)")
+    p.add_argument("--schedules", nargs="+", default=FIXED, choices=SCHEDULES,
+                   help="our schedules (default all with one call shape; linear is required: it is the baseline; "
+                        "adaptive, the default engine, on request: it has no cost-model row)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="nucleus filter at temperature > 0, ours and transformers' (default none)")
     p.add_argument("--drafts", nargs="+", default=["diffusion"], choices=DRAFT_SOURCES,
                    help="draft sources of packed, linear and quadratic (default diffusion; Linear-SS with diffusion "
                         "drafts, the baseline, always runs)")
@@ -271,6 +275,9 @@ def main(argv=None) -> int:
     apply_preset(args, FULL, QUICK)
     if "linear" not in args.schedules:
         print("error: --schedules must include linear (the baseline)", file=sys.stderr)
+        return 2
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        print(f"error: --top-p must be in (0, 1], got {args.top_p}", file=sys.stderr)
         return 2
     try:
         result = run(args)

@@ -88,9 +88,15 @@ def schedules_markdown(result: dict) -> str:
                            f"| {c['tokens_per_iter']:.2f} | {c['pred_model_ms_per_iter']:.2f} "
                            f"| {c['model_ms_per_iter']:.2f} | {c['nonmodel_ms_per_iter']:.2f} "
                            f"| {r['pred']:.3f} | {r['model']:.3f} | {r['wall']:.3f} |")
-    same = [r for r in result["records"] if r["same_as_ar"] is not None]
+    same = [r for r in result["records"] if r["same_as_ar"] is not None and r["method"] != "ar"]
     if same:
-        out += ["", f"Greedy outputs equal to our `ar` output: {sum(r['same_as_ar'] for r in same)} of {len(same)}."]
+        out += ["", f"Greedy outputs equal to our `ar` output: {sum(r['same_as_ar'] for r in same)} of {len(same)}.",
+                "", "| method | W | equal to our ar | first differing token (the others) |", "|---|---:|---:|---|"]
+        for method, width in dict.fromkeys((r["method"], r["width"]) for r in same):
+            mine = [r for r in same if (r["method"], r["width"]) == (method, width)]
+            at = sorted(r["differs_at"] for r in mine if not r["same_as_ar"])
+            out.append(f"| {method} | {'' if width is None else width} | {sum(r['same_as_ar'] for r in mine)} of "
+                       f"{len(mine)} | {', '.join(map(str, at)) or '-'} |")
     return "\n".join(out) + "\n"
 
 

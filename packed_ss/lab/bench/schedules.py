@@ -70,6 +70,7 @@ class ScheduleRecord:
     iterations: int
     n_accepted: int
     same_as_ar: bool | None = None
+    differs_at: int | None = None      # greedy: the first token that differs from our ar's (None: the same)
 
 
 def run(args) -> dict:
@@ -126,6 +127,7 @@ def run(args) -> dict:
                     ar = next((tokens for rec, tokens in group if rec.method == "ar"), None)
                     for rec, tokens in group:
                         rec.same_as_ar = tokens == ar if t == 0 and ar is not None else None
+                        rec.differs_at = first_difference(tokens, ar) if rec.same_as_ar is False else None
                         records.append(rec)
 
     result = {"meta": {"model": str(path), "dtype": str(dtype).removeprefix("torch."),
@@ -186,6 +188,11 @@ def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n
                     costs.append({"method": m.name, "width": m.width, "engine_width": m.engine.width,
                                   "vs_width": w, "temperature": t, **c})
     return {"summary": summary, "cost_model": costs}
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The index of the first token where two different outputs part (a prefix's length if one ends first)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def aggregate(records: list[ScheduleRecord]) -> dict:

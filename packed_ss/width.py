@@ -106,30 +106,13 @@ def choose_width(tokens: list[float], rows_of: Callable[[int], list[int]], cost:
     return max(range(len(rates)), key=lambda i: (rates[i], -i)) + 1
 
 
-@torch.inference_mode()
 def call_cost(model, attend, backend: str, rows: list[int]) -> CallCost:
-    """tau + delta * rows fitted to the median time of REPS calls at each row count in `rows` (cached-only
-    drafting-shaped calls over CACHED_TOKENS cached tokens); measured once per process for each key."""
-    device = model.device
-    key = (id(model), str(device), model.dtype, backend, tuple(sorted(set(rows))))
+    """tau + delta * rows fitted to the median time of REPS calls at each row count in `rows` (call_times);
+    measured once per process for each key."""
+    key = (id(model), str(model.device), model.dtype, backend, tuple(sorted(set(rows))))
     if key in _costs:
         return _costs[key]
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    cache = model.new_cache(CACHED_TOKENS + max(rows))
-    cache_len = torch.tensor(CACHED_TOKENS, device=device)
-    points = []
-    for n in key[-1]:
-        lay = Layout(0, torch.ones(n, dtype=torch.int64, device=device), torch.full((n,), -1, device=device), 0)
-        tokens = torch.full((n,), model.cfg.mask_token_id or 0, device=device)   # any token: a timing
-        positions = cache_len + torch.arange(n, device=device)
-        times = []
-        for i in range(REPS + 2):
-            sync()
-            t0 = time.perf_counter()
-            model(tokens, positions, lay, cache, cache_len, attend=attend)
-            sync()
-            times.append(time.perf_counter() - t0)
-        points.append((n, 1e3 * statistics.median(times[2:])))
+    points = call_times(model, attend, list(key[-1]))
     if len(points) == 1:
         cost = CallCost(points[0][1], 0.0)
     else:
@@ -137,6 +120,31 @@ def call_cost(model, attend, backend: str, rows: list[int]) -> CallCost:
         cost = CallCost(max(fit.intercept, 1e-6), max(fit.slope, 0.0))
     _costs[key] = cost
     return cost
+
+
+@torch.inference_mode()
+def call_times(model, attend, rows: list[int], reps: int = REPS,
+               cached: int = CACHED_TOKENS) -> list[tuple[int, float]]:
+    """(n, median ms) of `reps` timed calls at each row count n in `rows`, after two untimed ones: cached-only
+    drafting-shaped calls over `cached` cached tokens, the shape every schedule's wide call has."""
+    device = model.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    cache = model.new_cache(cached + max(rows))
+    cache_len = torch.tensor(cached, device=device)
+    points = []
+    for n in rows:
+        lay = Layout(0, torch.ones(n, dtype=torch.int64, device=device), torch.full((n,), -1, device=device), 0)
+        tokens = torch.full((n,), model.cfg.mask_token_id or 0, device=device)   # any token: a timing
+        positions = cache_len + torch.arange(n, device=device)
+        times = []
+        for _ in range(reps + 2):
+            sync()
+            t0 = time.perf_counter()
+            model(tokens, positions, lay, cache, cache_len, attend=attend)
+            sync()
+            times.append(time.perf_counter() - t0)
+        points.append((n, 1e3 * statistics.median(times[2:])))
+    return points
 
 
 def step_overhead(key: tuple, decode: Callable[[int], object], model_ms_per_call: float) -> float:

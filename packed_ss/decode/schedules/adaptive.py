@@ -36,12 +36,13 @@ class Adaptive(Schedule):
         self.steps = self.shapes[0]
 
     def new_state(self, request, **shape):
-        """DecodeState with the policy's fields; in the dense layout of the stored Q (idx = token) its token ids
-        are written once, so that a lookup draft's point mass is a write of its probabilities alone."""
+        """DecodeState with the policy's fields; when sampling untruncated, the stored Q is dense (idx = token, which
+        retaining proposals keeps): its token ids are written once, so that a lookup draft's point mass is a write
+        of its probabilities alone. Under top-k / top-p a retained proposal writes its own sorted ids, even where
+        the support is the whole vocabulary, so every point mass writes its ids."""
         st = self.policy.new_state(super().new_state(request, **shape))
-        vocab = self.model.cfg.vocab_size
-        if not self.params.greedy and st.q_idx.shape[2] == vocab:
-            st.q_idx.copy_(torch.arange(vocab, device=st.q_idx.device).expand_as(st.q_idx))
+        if not self.params.greedy and self.epilogue.dense:
+            st.q_idx.copy_(torch.arange(st.q_idx.shape[2], device=st.q_idx.device).expand_as(st.q_idx))
         return st
 
     # -- the shapes' calls -------------------------------------------------------------------------------------
@@ -89,9 +90,10 @@ class Adaptive(Schedule):
 
     def _point_mass(self, st, draft: torch.Tensor, rows: torch.Tensor) -> None:
         """A lookup draft's stored Q, in place in the `rows` [B] that take one: all mass on each draft token (in
-        the dense layout, idx = token; else the layout of lookup.point_mass, idx = d, d + 1, ...)."""
+        the dense layout, idx = token, written once by new_state; else the layout of lookup.point_mass, written
+        here: idx = token ids when the support is the vocabulary, else d, d + 1, ...)."""
         support, vocab = st.q_idx.shape[2], self.model.cfg.vocab_size
-        if support != vocab:
+        if not self.epilogue.dense:
             idx, _ = point_mass(draft, support, vocab)
             st.q_idx.copy_(torch.where(rows[:, None, None], idx, st.q_idx))
         st.q_prob.masked_fill_(rows[:, None, None], 0.0)

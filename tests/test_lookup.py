@@ -61,6 +61,7 @@ EDGES = {   # name: (prompt, output, width, stops)
     "stop inside the continuation": ([1, 2, 3, 7, 0, 5, 1, 2], [3], 4, (0,)),
     "stop first": ([1, 2, 0, 7, 1], [2], 3, (0,)),
     "match in the output only": ([9], [1, 2, 3, 1, 2], 2, ()),
+    "the last token alone": ([1, 5, 2], [3, 5], 2, ()),
 }
 
 
@@ -75,7 +76,8 @@ def test_edges_say_what_they_claim():
     want = {"no match": None, "match in the prompt only": [10, 11, 7], "latest match wins": [2, 5],
             "longest n first": [9, 2], "match overlapping the end": [3, 3, 3, 3, 3], "period of two": [1, 2, 1, 2, 1],
             "n longer than the output": [5, 3, 9, 5], "shorter than every n": None, "one token so far": None,
-            "stop inside the continuation": [7, 0], "stop first": [0], "match in the output only": [3, 1]}
+            "stop inside the continuation": [7, 0], "stop first": [0], "match in the output only": [3, 1],
+            "the last token alone": [2, 3]}
     assert {name: reference(*case) for name, case in EDGES.items()} == want
 
 
@@ -87,7 +89,7 @@ def test_context_keeps_the_last_prompt_tokens():
     assert reference(prompt, [1, 2], 2, context=12) is None
 
 
-@pytest.mark.parametrize("vocab", [3, 6])
+@pytest.mark.parametrize("vocab", [6, 16])
 def test_random_sequences_match_the_reference(vocab):
     """A batch of random sequences of every length, one call: each row equals the reference."""
     rng = random.Random(vocab)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-NGRAMS = (4, 3, 2)     # match lengths tried, longest first
+NGRAMS = (4, 3, 2, 1)  # match lengths tried, longest first (1: any earlier occurrence of the last token)
 CONTEXT = 1024         # prompt tokens searched (the last ones of a longer prompt), besides the whole output
 
 

@@ -133,7 +133,8 @@ class Runtime:
         draft: the fastest of COST_REPS after three warm-ups, each from the same state, the shapes taking turns.
         For the cost model an adaptive program bets with (decode/policy.py), measured once when it is built."""
         sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
-        prompt = [2 + i % 64 for i in range(cached)]
+        period = min(64, self.model.cfg.vocab_size - 2)   # tokens of the model's vocabulary, repeating
+        prompt = [2 + i % period for i in range(cached)]
         priced = program.shapes[:len(program.policy.shapes)]     # the shapes its policy bets between (not QUIET)
         costs = [[] for _ in priced]
         for batch in batch_sizes:

@@ -48,6 +48,7 @@ class StandInModel:
         self.cfg = SimpleNamespace(vocab_size=vocab, mask_token_id=vocab - 1, eos_token_ids=(), max_seq_len=1 << 22,
                                    any_order=False)
         self.device, self.dtype = torch.device(device), torch.float32
+        self.draft_profile = None   # no drafter profile: the engine's defaults
 
     def new_cache(self, capacity: int, batch: int | None = None) -> KVCache:
         shape = (1, *([batch] if batch else []), 1, capacity, 1)

@@ -95,6 +95,13 @@ class Draws:
     bonus: float          # share of samples whose output holds a bonus token (a whole draft accepted)
 
 
+def diffusion_drafts(schedule: str) -> str | None:
+    """The `drafts` that make a schedule verify its own diffusion proposals (None for AR, which drafts nothing):
+    under the default "both", lookup drafts (which the 1-gram fallback finds at nearly every step of a 5-token
+    vocabulary) take their place. Lookup drafts have their own G-tests (tests/test_lookup_sampling.py)."""
+    return None if schedule == "ar" else "diffusion"
+
+
 def draw(path, schedule: str, width: int, params: SamplingParams, epilogue=None, order=None, seeds=range(N),
          prompt=PROMPT, drafts=None) -> Draws:
     """One seeded generate() per seed, each request alone."""

@@ -28,6 +28,7 @@ class ScriptedModel:
         self.cfg = SimpleNamespace(vocab_size=VOCAB, mask_token_id=MASK, eos_token_ids=(), max_seq_len=4096,
                                    any_order=False)
         self.device, self.dtype = torch.device("cpu"), torch.float32
+        self.draft_profile = None   # no drafter profile: the engine's defaults
 
     def new_cache(self, capacity, batch=None):
         shape = (1, *([batch] if batch else []), 1, capacity, 1)

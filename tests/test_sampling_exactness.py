@@ -2,9 +2,9 @@
 
 Whole sequences of W + 2 tokens (W = 1: 3, W = 2: 4) on a 5-token vocabulary, N = 1500 seeded
 generations per case, against the exact law of every sequence from transformers' float64 logits
-(tests/sampling_law.py: method, thresholds, the bonus-frequency requirement). Every schedule with plain
-temperature, top-k and top-p; requests decoded alone and 16 at a time. Power: each broken rule below is
-patched into the torch epilogue (the engines otherwise use their default, the compiled epilogue where it is
+(tests/sampling_law.py: method, thresholds, the bonus-frequency requirement). Every schedule, verifying its
+diffusion drafts (lookup drafts: tests/test_lookup_sampling.py), with plain temperature, top-k and top-p;
+requests decoded alone and 16 at a time. Power: each broken rule below is patched into the torch epilogue (the engines otherwise use their default, the compiled epilogue where it is
 built, which reproduces the torch one bit for bit: tests/test_epilogue.py) and must be flagged at p < 1e-6.
 """
 import numpy as np
@@ -24,6 +24,7 @@ from sampling_law import (
     bonus_from_q,
     bonus_from_residual,
     case_id,
+    diffusion_drafts,
     draw,
     draw_batched,
     follows,
@@ -50,7 +51,7 @@ def path():
 
 @pytest.mark.parametrize("schedule,width,params", CASES, ids=[case_id(*c) for c in CASES])
 def test_sequences_follow_ar_distribution(path, schedule, width, params):
-    draws = draw(path, schedule, width, params)
+    draws = draw(path, schedule, width, params, drafts=diffusion_drafts(schedule))
     assert follows(draws, ar_law(path, params, length_for(width)), bonus=schedule != "ar") > ALPHA
 
 
@@ -74,8 +75,8 @@ BROKEN = [
                          ids=[f"{b.__name__}-{case_id(s, w, p)}" for b, s, w, p in BROKEN])
 def test_detects_broken_acceptance(path, monkeypatch, broken, schedule, width, params):
     monkeypatch.setattr(torch_epilogue, "verify_sampled", broken)
-    p_value = g_test_pvalue(draw(path, schedule, width, params, epilogue="torch").samples,
-                            ar_law(path, params, length_for(width)))
+    draws = draw(path, schedule, width, params, epilogue="torch", drafts=diffusion_drafts(schedule))
+    p_value = g_test_pvalue(draws.samples, ar_law(path, params, length_for(width)))
     print(f"{broken.__name__}: p = {p_value:.1e}")
     assert p_value < POWER, p_value
 
@@ -107,7 +108,8 @@ BATCHED = [("packed", 2, TOP_K), ("linear", 1, T1), ("quadratic", 2, T1)]
 
 @pytest.mark.parametrize("schedule,width,params", BATCHED, ids=[case_id(*c) for c in BATCHED])
 def test_batched_requests_follow_ar_distribution(path, schedule, width, params):
-    assert follows(draw_batched(path, schedule, width, params), ar_law(path, params, length_for(width))) > ALPHA
+    draws = draw_batched(path, schedule, width, params, drafts=diffusion_drafts(schedule))
+    assert follows(draws, ar_law(path, params, length_for(width))) > ALPHA
 
 
 def test_batched_detects_broken_bonus(path, monkeypatch):

@@ -33,19 +33,22 @@ def test_the_shipped_adapter_is_attached(pair):
 
 
 def cases(model):
+    """(schedule, order, drafts): every drafting schedule with its default drafts and, left to right, the diffusion
+    schedules with the adapter's drafts alone (under the default "both", lookup drafts stand in nearly everywhere)."""
     if not model.cfg.any_order:
-        return [(s, None) for s in SCHEDULES if s != "ar"]
-    return [(s, o) for s in ANY_ORDER_SCHEDULES if s not in ("ar", "threshold") for o in ("ltr", "confidence")]
+        return ([(s, None, None) for s in SCHEDULES if s != "ar"]
+                + [(s, None, "diffusion") for s in ("linear", "quadratic", "packed")])
+    return [(s, o, None) for s in ANY_ORDER_SCHEDULES if s not in ("ar", "threshold") for o in ("ltr", "confidence")]
 
 
 @pytest.mark.parametrize("width", [3, 8])
 def test_greedy_output_unchanged_by_the_adapter(pair, width):
     adapted, base, prompts = pair
     accepted = {True: [], False: []}
-    for schedule, order in cases(adapted):
+    for schedule, order, drafts in cases(adapted):
         for ids in prompts:
-            a = packed_ss.Engine(adapted, schedule, width=width, order=order).generate(ids, MAX_NEW, eos_token_id=[])
-            b = packed_ss.Engine(base, schedule, width=width, order=order).generate(ids, MAX_NEW, eos_token_id=[])
+            a, b = (packed_ss.Engine(model, schedule, width=width, order=order, drafts=drafts).generate(
+                ids, MAX_NEW, eos_token_id=[]) for model in (adapted, base))
             if order == "confidence":
                 assert a.tokens == serial_reference(base, ids, a.iterations, MAX_NEW, []), schedule
             else:

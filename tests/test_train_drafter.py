@@ -145,8 +145,8 @@ def test_trained_adapter_changes_drafts_never_output(trained):
         linear.lora.b.add_(torch.randn(linear.lora.b.shape, generator=gen), alpha=0.1)
     moved = False
     for schedule in ("linear", "quadratic", "packed"):
-        a = packed_ss.Engine(adapted, schedule, width=4).generate(prompt, 32, eos_token_id=[])
-        b = packed_ss.Engine(base, schedule, width=4).generate(prompt, 32, eos_token_id=[])
+        a = packed_ss.Engine(adapted, schedule, width=4, drafts="diffusion").generate(prompt, 32, eos_token_id=[])
+        b = packed_ss.Engine(base, schedule, width=4, drafts="diffusion").generate(prompt, 32, eos_token_id=[])
         assert a.tokens == b.tokens
         moved |= a.n_accepted != b.n_accepted
     assert moved

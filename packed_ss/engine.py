@@ -73,7 +73,8 @@ class Engine:
         install, model and setting (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the
         same tokens in every process.
         `sampler`: how a sampled request (temperature > 0) verifies drafts; both give the AR distribution
-        exactly (default: DEFAULT_SAMPLER, by measurement: bench/RESULTS.md, "Adaptive"). "rejection": the paper's
+        exactly (default: the one the drafter's acceptance profile names, measured on that model, else
+        DEFAULT_SAMPLER, by measurement on the shipped model: bench/RESULTS.md, "Adaptive"). "rejection": the paper's
         Alg. 2 (accept d with probability min(1, p(d)/q(d)), the residual
         draw at a rejection; each draft's distribution is stored). "gumbel": shared noise (decode/shared_noise.py):
         target and drafter sample by Gumbel-max with noise keyed by (seed, output position, token), so a
@@ -116,7 +117,7 @@ class Engine:
         auto = width is None or width == "auto"
         if not auto:
             check_int("width", width, 1, MAX_WIDTH)
-        sampler = sampler or DEFAULT_SAMPLER
+        sampler = sampler or (model.draft_profile or {}).get("sampler") or DEFAULT_SAMPLER
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         if epilogue is not None and epilogue not in EPILOGUES:

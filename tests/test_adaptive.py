@@ -266,6 +266,19 @@ def test_bad_options(shipped, kwargs, message):
         packed_ss.Engine(shipped[0], **kwargs)
 
 
+def test_the_drafters_profile_names_the_default_sampler(shipped, monkeypatch):
+    """A sampler the drafter's profile names (measured on its model) is the engine's default; an explicit one wins;
+    a name that is no sampler is refused."""
+    model = shipped[0]
+    assert packed_ss.Engine(model).sampler == "rejection"
+    monkeypatch.setattr(model, "draft_profile", dict(model.draft_profile or {}, sampler="gumbel"))
+    assert packed_ss.Engine(model).sampler == "gumbel"
+    assert packed_ss.Engine(model, sampler="rejection").sampler == "rejection"
+    monkeypatch.setattr(model, "draft_profile", dict(model.draft_profile, sampler="race"))
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        packed_ss.Engine(model)
+
+
 # -- the rejection sampler: each request chooses alone, the call covers the choices -----------------------------
 @pytest.mark.parametrize("epilogue", ["torch", "native"])
 @pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.8, top_k=10),

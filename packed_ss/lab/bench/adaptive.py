@@ -9,7 +9,8 @@ unit; sampled requests carry a seed per prompt, so each method sees the same req
 configuration of each cell (setting, batch size) is picked first by a sweep over the candidates (fixed
 schedules and widths, each with its default sampler) on other prompts than the ones it is scored on. Reported
 per cell: throughput of each method, tokens per call, and the ratios default / AR and default / best fixed
-with paired bootstrap 95% intervals over the units (stats.py). A streamed request of the default engine is
+with paired bootstrap 95% intervals over the units (stats.py); with `--samplers rejection gumbel` the default engine
+under the other sampler too, at temperature > 0 (the choice of the default sampler). A streamed request of the default engine is
 traced (the shape of each iteration and the tokens it emitted) and plotted. Writes DIR/adaptive.json,
 DIR/adaptive.md and DIR/adaptive-trace.png.
 """
@@ -25,7 +26,7 @@ import torch
 
 from ...decode.policy import QUIET
 from ...decode.sampling import SamplingParams
-from ...engine import Engine
+from ...engine import SAMPLERS, Engine
 from ...model.loading import default_model_path, load_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
@@ -63,8 +64,11 @@ def name(config) -> str:
     return f"{schedule} W={width}" + (f" +{drafts}" if drafts and schedule != "lookup" else "")
 
 
-def engines(model, configs) -> dict[str, Engine]:
+def engines(model, configs, samplers=()) -> dict[str, Engine]:
+    """The default engine, AR, each fixed configuration, and the default engine under each of `samplers` rather than
+    its own choice ("default~gumbel": at temperature > 0 only, greedy decoding does not sample)."""
     made = {"default": Engine(model), "ar": Engine(model, schedule="ar")}
+    made |= {f"default~{s}": Engine(model, sampler=s) for s in samplers}
     for config in configs:
         schedule, width, drafts = config
         made[name(config)] = Engine(model, schedule=schedule, width=width, drafts=drafts)
@@ -119,17 +123,20 @@ def run(args) -> dict:
     model = load_model(path, dtype=torch.float32)
     tokenized = [ids for _, ids in tokenized_prompts(load_tokenizer(path), args.sweep + args.limit)]
     sweep, scored = tokenized[:args.sweep], tokenized[args.sweep:]
-    candidates = engines(model, CANDIDATES)
-    total = len(SETTINGS) * len(args.batch_sizes) * (len(CANDIDATES) * len(sweep) + 3 * len(scored))
+    candidates = engines(model, CANDIDATES, args.samplers)
+    others = [n for n in candidates if n.startswith("default~")]
+    total = len(args.batch_sizes) * (len(SETTINGS) * (len(CANDIDATES) * len(sweep) + 3 * len(scored))
+                                     + (len(SETTINGS) - 1) * len(others) * len(scored))
     bar = progress(total=total, desc="requests")
     swept, records, best = [], [], {}
     for setting in SETTINGS:
         for batch in args.batch_sizes:
-            fixed = {n: e for n, e in candidates.items() if n not in ("default", "ar")}
+            fixed = {n: e for n, e in candidates.items() if n not in ["default", "ar"] + others}
             trial = decode_units(fixed, sweep, batch, setting, args.max_new_tokens, args.seed + 10_000, bar)
             swept += trial
             best[(setting, batch)] = max(fixed, key=lambda n: throughput([r for r in trial if r.method == n]))
-            chosen = {n: candidates[n] for n in ("default", "ar", best[(setting, batch)])}
+            sampled = others if SETTINGS[setting] else []
+            chosen = {n: candidates[n] for n in ["default", "ar", best[(setting, batch)]] + sampled}
             records += decode_units(chosen, scored, batch, setting, args.max_new_tokens, args.seed, bar)
     bar.close()
     cells = []
@@ -137,12 +144,17 @@ def run(args) -> dict:
         rows = [r for r in records if r.setting == setting and r.batch == batch]
         units = max(r.unit for r in rows) + 1
         counts = bootstrap_counts(units, args.resamples, args.seed)
-        of = {m: per_prompt([r for r in rows if r.method == m], units) for m in ("default", "ar", fixed)}
+        ran = [m for m in ["default", "ar", fixed] + others if any(r.method == m for r in rows)]
+        of = {m: per_prompt([r for r in rows if r.method == m], units) for m in ran}
         cells.append({"setting": setting, "batch": batch, "best_fixed": fixed,
                       "tok_s": {m: float(of[m]["tokens"].sum() / of[m]["wall_s"].sum()) for m in of},
                       "tokens_per_call": {m: float(of[m]["tokens"].sum() / of[m]["nfe"].sum()) for m in of},
                       "vs_ar": paired(of["default"], of["ar"], counts)["throughput_ratio"],
-                      "vs_best": paired(of["default"], of[fixed], counts)["throughput_ratio"]})
+                      "vs_best": paired(of["default"], of[fixed], counts)["throughput_ratio"],
+                      "samplers": {m: {"vs_ar": paired(of[m], of["ar"], counts)["throughput_ratio"],
+                                       "vs_best": paired(of[m], of[fixed], counts)["throughput_ratio"],
+                                       "vs_default": paired(of[m], of["default"], counts)["throughput_ratio"]}
+                                   for m in ran if m.startswith("default~")}})
     story = trace(candidates["default"], trace_prompt(load_tokenizer(path)), 2 * args.max_new_tokens, args.seed)
     return {"machine": {"processor": platform.processor() or platform.machine(), "cpu": cpu_name(),
                         "threads": torch.get_num_threads(), "torch": torch.__version__},
@@ -178,6 +190,15 @@ def report(result: dict) -> str:
         lines.append(f"| {c['setting']} | {c['batch']} | {c['tok_s']['default']:.0f} | {c['tok_s']['ar']:.0f} | {f} | "
                      f"{c['tok_s'][f]:.0f} | {c['tokens_per_call']['default']:.2f} | {ar['point']:.2f} "
                      f"[{ar['lo']:.2f}, {ar['hi']:.2f}] | {best['point']:.2f} [{best['lo']:.2f}, {best['hi']:.2f}] |")
+    other = [(c, m, r) for c in result["cells"] for m, r in c.get("samplers", {}).items()]
+    if other:
+        lines += ["", "The default engine under another sampler (temperature > 0):", "",
+                  "| setting | batch | engine | tok/s | tokens/call | / AR [95%] | / best fixed [95%] | / default [95%] |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c, m, r in other:
+            lines.append(f"| {c['setting']} | {c['batch']} | {m} | {c['tok_s'][m]:.0f} | {c['tokens_per_call'][m]:.2f} | "
+                         + " | ".join(f"{r[k]['point']:.2f} [{r[k]['lo']:.2f}, {r[k]['hi']:.2f}]"
+                                      for k in ("vs_ar", "vs_best", "vs_default")) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -201,6 +222,9 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", type=int, default=None, help=f"prompts of the sweep (default {FULL['sweep']})")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None, help=f"default {FULL['batch_sizes']}")
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (default 0)")
+    p.add_argument("--samplers", nargs="+", default=[], choices=SAMPLERS,
+                   help="samplers to score the default engine under besides its own choice, at temperature > 0, "
+                        "named default~<sampler> (default none)")
     args = p.parse_args(argv)
     apply_preset(args, FULL, QUICK)
     torch.set_num_threads(args.threads)

@@ -41,14 +41,19 @@ class CallTimer:
 
 
 class Ours:
-    """One of our schedules through the public Engine API, named after it and its drafts when they are not the
-    default diffusion proposals ("packed+both", "linear+lookup")."""
+    """One of our schedules through the public Engine API, named after it, its drafts when they are not the
+    default diffusion proposals ("packed+both", "linear+lookup") and its sampler when one is asked for rather than
+    the engine's choice ("lookup~gumbel"). Such a method decodes greedy requests as the engine's choice does, so
+    it runs at temperature > 0 only (`sampled_only`)."""
 
-    def __init__(self, model, schedule: str, width: int | str, timer: CallTimer, drafts: str | None = None):
+    def __init__(self, model, schedule: str, width: int | str, timer: CallTimer, drafts: str | None = None,
+                 sampler: str | None = None):
         """`width` an integer or "auto" (the engine's choice, `self.engine.width`)."""
         self.width, self.timer = (None if schedule == "ar" else width), timer
-        self.engine = Engine(model, schedule=schedule, width=width, drafts=drafts)
-        self.name = schedule if drafts in (None, "diffusion") else f"{schedule}+{drafts}"
+        self.engine = Engine(model, schedule=schedule, width=width, drafts=drafts, sampler=sampler)
+        self.name = (schedule if drafts in (None, "diffusion") else f"{schedule}+{drafts}") + (
+            "" if sampler is None else f"~{sampler}")
+        self.sampled_only = sampler is not None
         # one iteration's calls; the adaptive schedule's change from one iteration to the next
         self.layouts = None if schedule == "adaptive" else call_layouts(self.engine.program(SamplingParams()))
 
@@ -60,13 +65,15 @@ class Ours:
         res = self.engine.generate(prompt, max_new_tokens, temperature=temperature, seed=seed,
                                    top_p=top_p if temperature > 0 else None)
         calls = self.timer.take()
-        iterations = res.nfe - 1 if self.name in ("ar", "adaptive") else res.n_verify
+        iterations = res.nfe - 1 if self.name.split("~")[0] in ("ar", "adaptive") else res.n_verify
         return res.tokens, dict(tokens=len(res.tokens), nfe=res.nfe, wall_s=res.wall_s, model_s=res.model_s,
                                 prefill_s=calls[0], iterations=iterations, n_accepted=res.n_accepted)
 
 
 class HF:
     """transformers' generate on the same weights: plain (greedy / sampling) or prompt lookup of W tokens."""
+
+    sampled_only = False
 
     def __init__(self, hf_model, lookup: int | None, eos: list[int], timer: CallTimer):
         self.name, self.width = ("hf-lookup", lookup) if lookup else ("hf", None)

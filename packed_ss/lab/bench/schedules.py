@@ -35,8 +35,7 @@ import numpy as np
 import torch
 
 from ...decode.schedules import DRAFT_SOURCES, SCHEDULES
-
-FIXED = [s for s in SCHEDULES if s != "adaptive"]     # one call shape each; adaptive (the default) on request
+from ...engine import SAMPLERS
 from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
 from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
@@ -47,6 +46,8 @@ from .methods import HF, CallTimer, Ours, load_hf
 from .options import add_shared_args, apply_preset, width
 from .report import plot_latency, plot_ratios, schedules_markdown, write_results
 from .stats import bootstrap_counts, paired, per_prompt
+
+FIXED = [s for s in SCHEDULES if s != "adaptive"]     # one call shape each; adaptive (the default) on request
 
 PEERS = ("hf", "hf-lookup")
 FULL = dict(limit=40, max_new_tokens=128, widths=[8], latency_reps=30)
@@ -86,7 +87,8 @@ def run(args) -> dict:
     start, load0 = time.perf_counter(), os.getloadavg()[0]
 
     timer = CallTimer(model, model.device)
-    methods = [Ours(model, name, w, timer, drafts) for name in args.schedules if name != "ar" for w in args.widths
+    methods = [Ours(model, name, w, timer, drafts, sampler) for sampler in [None] + args.samplers
+               for name in args.schedules if name != "ar" for w in args.widths
                for drafts in ([None] if name in ("lookup", "adaptive") else
                               sorted(set(args.drafts) | ({"diffusion"} if name == "linear" else set())))]
     if "ar" in args.schedules:
@@ -110,15 +112,18 @@ def run(args) -> dict:
         m.warm_up(prompts[0][1], args.max_new_tokens)
 
     records: list[ScheduleRecord] = []
-    jobs = sum(len(prompts) * (1 if t == 0 else args.samples) for t in args.temperatures) * len(methods)
+    def running(t):
+        return [m for m in methods if t > 0 or not m.sampled_only]
+    jobs = sum(len(prompts) * (1 if t == 0 else args.samples) * len(running(t)) for t in args.temperatures)
     with progress(jobs, "responses", unit="response") as bar:
         for t in args.temperatures:
             for p, (task_id, ids) in enumerate(prompts):
                 for s in range(1 if t == 0 else args.samples):
                     seed = args.seed + 1000 * p + s
                     group = []
-                    for k in range(len(methods)):                  # rotate the order so drift hits all alike
-                        m = methods[(k + p + s) % len(methods)]
+                    these = running(t)
+                    for k in range(len(these)):                    # rotate the order so drift hits all alike
+                        m = these[(k + p + s) % len(these)]
                         tokens, stats = m.run(ids, args.max_new_tokens, t, seed, args.top_p)
                         group.append((ScheduleRecord(m.name, m.width, t, p, s, seed, **stats), tokens))
                         bar.set_postfix_str(f"T={t:g} {task_id} {m.name}{'' if m.width is None else f' W={m.width}'}: "
@@ -170,7 +175,7 @@ def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n
             peer = per_prompt(groups[("hf-lookup", peer_w)], n_prompts) if peers else None
             linear_cost = cost_model(by_key[("linear", w)], groups[("linear", w)], latency)
             for key, m in by_key.items():
-                if m.width not in (w, None):
+                if m.width not in (w, None) or (t == 0 and m.sampled_only):
                     continue
                 row = {"method": m.name, "width": m.width, "vs_width": w, "temperature": t,
                        "engine_width": m.engine.width if isinstance(m, Ours) and m.width else None,
@@ -256,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafts", nargs="+", default=["diffusion"], choices=DRAFT_SOURCES,
                    help="draft sources of packed, linear and quadratic (default diffusion; Linear-SS with diffusion "
                         "drafts, the baseline, always runs)")
+    p.add_argument("--samplers", nargs="+", default=[], choices=SAMPLERS,
+                   help="samplers to run our schedules under besides the engine's own choice, at temperature > 0 "
+                        "only, named schedule~sampler (default none)")
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
                    help="transformers peers on the same weights (default both; none: --peers)")
     p.add_argument("--latency-reps", type=int, default=None,

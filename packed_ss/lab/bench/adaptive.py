@@ -31,7 +31,7 @@ from ...model.loading import default_model_path, load_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
-from .options import add_shared_args, apply_preset, bench_parser
+from .options import add_shared_args, apply_preset, bench_parser, cpu_name
 from .report import pyplot
 from .stats import bootstrap_counts, paired, per_prompt
 
@@ -167,14 +167,6 @@ def trace_prompt(tokenizer) -> list[int]:
     """Repetitive code the model continues by copying, which sampling at T = 1 then leads elsewhere."""
     lines = "".join(f"    assert add({i}, {i + 1}) == {2 * i + 1}\n" for i in range(12))
     return tokenizer.encode(f"def add(a, b):\n    return a + b\n\n\ndef test_add():\n{lines}").ids
-
-
-def cpu_name() -> str:
-    try:
-        lines = open("/proc/cpuinfo").read().splitlines()
-    except OSError:
-        return platform.processor()
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
 
 
 def report(result: dict) -> str:

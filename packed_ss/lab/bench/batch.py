@@ -34,9 +34,8 @@ from ...model.tokenizer import load_tokenizer
 from ...runtime.program import call_layouts
 from ..humaneval import tokenized_prompts
 from ..progress import progress
-from .options import add_shared_args, apply_preset, width
+from .options import add_shared_args, apply_preset, cpu_name, width
 from .report import batch_markdown, plot_batch, write_results
-from .schedules import _cpu_name
 from .stats import bootstrap_counts, paired
 
 FULL = dict(limit=8, max_new_tokens=128, rounds=5)
@@ -166,7 +165,7 @@ def run(args) -> tuple[dict, list[str]]:
                     records += runs
                     failures += failed
     meta = {"model": str(path), "dtype": str(model.dtype).removeprefix("torch."), "device": str(model.device),
-            "device_name": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else _cpu_name(),
+            "device_name": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else cpu_name(),
             "cuda_graph": args.cuda_graph, "threads": torch.get_num_threads(), "n_prompts": len(prompts),
             "prompts_file": str(args.prompts_file) if args.prompts_file else None, "limit": args.limit,
             "max_new_tokens": args.max_new_tokens, "batch_sizes": args.batch_sizes, "rounds": args.rounds,

@@ -3,6 +3,7 @@ response length with their full and --quick presets, the bootstrap and the threa
 from __future__ import annotations
 
 import argparse
+import platform
 from pathlib import Path
 
 
@@ -37,3 +38,12 @@ def apply_preset(args, full: dict, quick: dict) -> None:
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+
+
+def cpu_name() -> str:
+    """The processor's model name (`lscpu`'s), which every CPU timing names."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())

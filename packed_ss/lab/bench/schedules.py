@@ -29,7 +29,6 @@ import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,7 +42,7 @@ from ..humaneval import tokenized_prompts
 from ..progress import progress
 from .latency import engine_capacity, measure_latency
 from .methods import HF, CallTimer, Ours, load_hf
-from .options import add_shared_args, apply_preset, width
+from .options import add_shared_args, apply_preset, cpu_name, width
 from .report import plot_latency, plot_ratios, schedules_markdown, write_results
 from .stats import bootstrap_counts, paired, per_prompt
 
@@ -145,7 +144,7 @@ def run(args) -> dict:
                        "temperatures": args.temperatures, "top_p": args.top_p, "samples": args.samples, "seed": args.seed,
                        "resamples": args.resamples, "quick": args.quick, "schedules": args.schedules,
                        "peers": args.peers, "torch": torch.__version__, "python": platform.python_version(),
-                       "cpu": _cpu_name(), "command": " ".join(sys.argv),
+                       "cpu": cpu_name(), "command": " ".join(sys.argv),
                        "loadavg_start": load0, "loadavg_end": os.getloadavg()[0],
                        "elapsed_s": time.perf_counter() - start},
               "prompts": [{"task_id": tid, "prompt_tokens": n} for (tid, _), n in zip(prompts, lengths)],
@@ -227,16 +226,6 @@ def cost_model(method: Ours, records: list[ScheduleRecord], fit: dict) -> dict:
     return {"calls_per_iter": calls, "rows_per_iter": rows, "tokens_per_iter": tokens,
             "pred_model_ms_per_iter": pred_ms, "model_ms_per_iter": model_ms, "nonmodel_ms_per_iter": wall_ms - model_ms,
             "rate": {"pred": tokens / pred_ms, "model": tokens / model_ms, "wall": tokens / wall_ms}}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def build_parser() -> argparse.ArgumentParser:

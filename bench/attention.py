@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from packed_ss.decode.schedules.base import layout
 from packed_ss.model.attention import packed_attention_ref
+from packed_ss.model.dual_mode import PAGE_SIZE as PAGE
 
 L2_BYTES = 64 << 20
 
@@ -116,10 +117,16 @@ class Case:
         # Baselines read every row's K/V from the cache: anchors at cache_len + a, scratch right after.
         self.kc[:, :, cache_len:self.keys] = self.k.transpose(0, 1)
         self.vc[:, :, cache_len:self.keys] = self.v.transpose(0, 1)
-        self.length = torch.tensor(cache_len, device=dev)
+        self.length = torch.tensor([cache_len], device=dev)
         self.scale = args.head_dim ** -0.5
-        self.ref = packed_attention_ref(self.q.float(), self.k.float(), self.v.float(), self.kc[0].float(),
-                                        self.vc[0].float(), self.length, self.lay, self.scale)
+        # The fused kernel's view of the same cache: pages of PAGE positions in order, [layers, pages, PAGE, Hkv, D].
+        pages = capacity // PAGE
+        self.kp, self.vp = (c.transpose(1, 2).reshape(self.layers, pages, PAGE, args.kv_heads, args.head_dim)
+                            for c in (self.kc, self.vc))
+        self.table = torch.arange(pages, device=dev)[None]
+        self.ref = packed_attention_ref(self.q[None].float(), self.k[None].float(), self.v[None].float(),
+                                        self.kp[0].float(), self.vp[0].float(), self.table, self.length, self.lay,
+                                        self.scale)[0]
         self.mask_mod = visible(self.lay, cache_len)
         self.qh = self.q.transpose(0, 1)[None]      # [1, H, R, D]
 
@@ -128,8 +135,8 @@ class Case:
 
     def fused(self, **kw):
         from packed_ss.kernels.attention import packed_attention
-        return lambda i: packed_attention(self.q, self.k, self.v, self.kc[i], self.vc[i], self.length, self.lay,
-                                          self.scale, **kw)
+        return lambda i: packed_attention(self.q[None], self.k[None], self.v[None], self.kp[i], self.vp[i], self.table,
+                                          self.length, self.lay, self.scale, **kw)[0]
 
     def sdpa_mask(self):
         qi = torch.arange(self.lay.rows, device=self.dev)[:, None]

@@ -1,13 +1,15 @@
 """Fused packed attention over the KV cache (Triton); same contract as `packed_ss.model.attention.packed_attention_ref`.
 
 One kernel does the whole call, anchor commit included, for a batch of B requests that share the layout
-(each with its own caches and cache_len[b]; batch strides, so caches may be views of a bigger buffer).
+(each with its own cache positions and cache_len[b]). The cache is paged: position j of request b lives in pool page
+table[b, j // PAGE_SIZE] at offset j % PAGE_SIZE (model/attention.py), so every cache load and anchor store
+goes through the request's row of the page table.
 Each program owns a tile of BLOCK_M query vectors of one KV head of one request (grid axis 1 is
 b * Hkv + hkv): the H/Hkv query heads that share a KV head are flattened into the tile's rows
 (m = row * G + head_in_group), so every K/V block is loaded once per tile whatever the GQA ratio.
 The keys a row can see come in three ranges, each read from where it lives:
 
-1. cache slots [0, cache_len[b])   - every row sees all of them (see[r] >= -1); no mask but the tail;
+1. cache positions [0, cache_len[b])   - every row sees all of them (see[r] >= -1); no mask but the tail;
 2. anchors a in [0, n_anchor)      - visible iff a <= see[r]; read from the call's own K/V, not the
                                      cache, so the in-place write below never races with a read;
                                      loop bound max(see in tile) + 1 (causal blocks are skipped);
@@ -16,8 +18,8 @@ The keys a row can see come in three ranges, each read from where it lives:
 
 The mask comes from O(rows) metadata and `cache_len[b]` is loaded from its device tensor, so the grid
 depends only on static shapes: the call is CUDA-graph capturable. The anchors' K/V are written to
-cache slots cache_len[b] + a by the same launch (the anchor blocks are spread over all programs of a KV
-head of a request); reading them from the call's K/V is equivalent because slot cache_len[b] + a holds
+cache positions cache_len[b] + a by the same launch (the anchor blocks are spread over all programs of a KV
+head of a request); reading them from the call's K/V is equivalent because position cache_len[b] + a holds
 k[b, a] after the write. Precondition (true of every layout the engine issues): see[r] < n_anchor.
 
 Split-KV (flash-decoding): with NUM_SPLITS > 1 each request's cache range is cut into NUM_SPLITS
@@ -34,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..model.attention import Layout, batchable
+from ..model.attention import Layout
 
 _LOG2E = 1.4426950408889634
 
@@ -54,12 +56,12 @@ def _online_update(acc, m_i, l_i, q, k, v, visible, scale_log2, PREC: tl.constex
 
 @triton.jit
 def _packed_attention_kernel(
-    Q, K, V, KC, VC, Out, OPart, MPart, LPart, cache_len_ptr, seg_ptr, see_ptr,
-    R, n_anchor, HKV, scale_log2, s_cl, s_see,
+    Q, K, V, KC, VC, Table, Out, OPart, MPart, LPart, cache_len_ptr, seg_ptr, see_ptr,
+    R, n_anchor, HKV, scale_log2, s_cl, s_see, n_table, s_tb,
     s_qb, s_qr, s_qh, s_kb, s_kr, s_kh, s_vb, s_vr, s_vh,
-    s_kcb, s_kch, s_kcs, s_vcb, s_vch, s_vcs, s_ob, s_or, s_oh,
+    s_kcn, s_kcs, s_kch, s_vcn, s_vcs, s_vch, s_ob, s_or, s_oh,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1) // HKV
@@ -71,8 +73,7 @@ def _packed_attention_kernel(
     Q += b64 * s_qb
     K += b64 * s_kb
     V += b64 * s_vb
-    KC += b64 * s_kcb
-    VC += b64 * s_vcb
+    Table += b64 * s_tb
     Out += b64 * s_ob
 
     offs_d = tl.arange(0, BLOCK_D)
@@ -87,9 +88,16 @@ def _packed_attention_kernel(
         w_ok = (w[:, None] < n_anchor) & d_ok
         kw = tl.load(K + w[:, None] * s_kr + hkv * s_kh + offs_d[None, :], mask=w_ok)
         vw = tl.load(V + w[:, None] * s_vr + hkv * s_vh + offs_d[None, :], mask=w_ok)
-        slot = cache_len + w
-        tl.store(KC + hkv * s_kch + slot[:, None] * s_kcs + offs_d[None, :], kw.to(KC.dtype.element_ty), mask=w_ok)
-        tl.store(VC + hkv * s_vch + slot[:, None] * s_vcs + offs_d[None, :], vw.to(VC.dtype.element_ty), mask=w_ok)
+        position = cache_len + w
+        column = position // PAGE_SIZE
+        inside = (w < n_anchor) & (column < n_table)               # past the table: not stored (the null page)
+        page = tl.load(Table + column, mask=inside, other=0).to(tl.int64)
+        offset = position % PAGE_SIZE
+        w_ok = w_ok & inside[:, None]
+        tl.store(KC + page[:, None] * s_kcn + offset[:, None] * s_kcs + hkv * s_kch + offs_d[None, :],
+                 kw.to(KC.dtype.element_ty), mask=w_ok)
+        tl.store(VC + page[:, None] * s_vcn + offset[:, None] * s_vcs + hkv * s_vch + offs_d[None, :],
+                 vw.to(VC.dtype.element_ty), mask=w_ok)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row = offs_m // G
@@ -110,8 +118,12 @@ def _packed_attention_kernel(
     for j0 in range(lo, hi, BLOCK_N):
         j = j0 + offs_n
         ok = (j[:, None] < hi) & d_ok
-        kk = tl.load(KC + hkv * s_kch + j[:, None] * s_kcs + offs_d[None, :], mask=ok, other=0.0)
-        vv = tl.load(VC + hkv * s_vch + j[:, None] * s_vcs + offs_d[None, :], mask=ok, other=0.0)
+        page = tl.load(Table + j // PAGE_SIZE, mask=j < hi, other=0).to(tl.int64)
+        offset = j % PAGE_SIZE
+        kk = tl.load(KC + page[:, None] * s_kcn + offset[:, None] * s_kcs + hkv * s_kch + offs_d[None, :],
+                     mask=ok, other=0.0)
+        vv = tl.load(VC + page[:, None] * s_vcn + offset[:, None] * s_vcs + hkv * s_vch + offs_d[None, :],
+                     mask=ok, other=0.0)
         visible = j[None, :] < hi
         acc, m_i, l_i = _online_update(acc, m_i, l_i, q, kk, vv, visible, scale_log2, PREC)
 
@@ -200,23 +212,22 @@ def _default_splits(device: torch.device, programs: int) -> int:
     return 1 << (max(1, want).bit_length() - 1)
 
 
-@batchable
-def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale: float, *,
+def packed_attention(q, k, v, k_pool, v_pool, table, cache_len, layout: Layout, scale: float, *,
                      block_m: int | None = None, block_n: int | None = None,
                      num_splits: int | None = None, num_warps: int = 4, num_stages: int = 2):
-    """q [B, R, H, D], k/v [B, R, Hkv, D]; caches [B, Hkv, S, D] (anchors written in place); cache_len [B].
-    Returns [B, R, H, D]. Without the batch dim (0-d cache_len): one request, [R, H, D].
+    """q [B, R, H, D], k/v [B, R, Hkv, D]; pools [pages, page_size, Hkv, D] (anchors written in place), table
+    [B, n], cache_len [B]. Returns [B, R, H, D].
 
     Keyword arguments tune the launch (tile rows, KV block, split-KV count); the defaults are static
     functions of the shapes.
     """
     batch, rows, heads, dim = q.shape
-    kv_heads = k_cache.shape[1]
+    kv_heads, page_size = k_pool.shape[2], k_pool.shape[1]
     assert heads % kv_heads == 0, "query heads must be a multiple of KV heads"
-    assert k.shape == v.shape == (batch, rows, kv_heads, dim) and k_cache.shape == v_cache.shape
-    assert k_cache.shape[0] == batch and cache_len.shape == (batch,)
-    assert k_cache.dtype == v_cache.dtype == k.dtype == v.dtype == q.dtype
-    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1
+    assert k.shape == v.shape == (batch, rows, kv_heads, dim) and k_pool.shape == v_pool.shape
+    assert table.shape[0] == batch and cache_len.shape == (batch,) and table.stride(1) == 1
+    assert k_pool.dtype == v_pool.dtype == k.dtype == v.dtype == q.dtype
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == k_pool.stride(-1) == v_pool.stride(-1) == 1
     group = heads // kv_heads
     block_d = max(16, triton.next_power_of_2(dim))
     interp = _interpreting()
@@ -234,13 +245,14 @@ def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale
         o_part = m_part = l_part = out
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _packed_attention_kernel[(m_blocks, batch * kv_heads, splits)](
-        q, k, v, k_cache, v_cache, out, o_part, m_part, l_part, cache_len, layout.seg, layout.see,
+        q, k, v, k_pool, v_pool, table, out, o_part, m_part, l_part, cache_len, layout.seg, layout.see,
         rows, layout.n_anchor, kv_heads, scale * _LOG2E, cache_len.stride(0),
         layout.see.stride(0) if layout.see.dim() == 2 and layout.see.shape[0] > 1 else 0,   # [1, R]: shared
+        table.shape[1], table.stride(0),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-        *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:3],
-        G=group, D=dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=splits,
-        PREC=prec, num_warps=num_warps, num_stages=num_stages,
+        *k_pool.stride()[:3], *v_pool.stride()[:3], *out.stride()[:3],
+        G=group, D=dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size,
+        NUM_SPLITS=splits, PREC=prec, num_warps=num_warps, num_stages=num_stages,
     )
     if splits > 1:
         _combine_kernel[(rows, heads, batch)](out, o_part, m_part, l_part, rows, heads, *out.stride()[:3],
@@ -249,22 +261,22 @@ def packed_attention(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale
     return out
 
 
-@torch.library.custom_op("packed_ss::packed_attention", mutates_args=("k_cache", "v_cache"))
-def _packed_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                         v_cache: torch.Tensor, cache_len: torch.Tensor, seg: torch.Tensor, see: torch.Tensor,
-                         n_anchor: int, scale: float) -> torch.Tensor:
-    return packed_attention(q, k, v, k_cache, v_cache, cache_len, Layout(n_anchor, seg, see), scale)
+@torch.library.custom_op("packed_ss::packed_attention", mutates_args=("k_pool", "v_pool"))
+def _packed_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
+                         v_pool: torch.Tensor, table: torch.Tensor, cache_len: torch.Tensor, seg: torch.Tensor,
+                         see: torch.Tensor, n_anchor: int, scale: float) -> torch.Tensor:
+    return packed_attention(q, k, v, k_pool, v_pool, table, cache_len, Layout(n_anchor, seg, see), scale)
 
 
 @_packed_attention_op.register_fake
-def _(q, k, v, k_cache, v_cache, cache_len, seg, see, n_anchor, scale):
+def _(q, k, v, k_pool, v_pool, table, cache_len, seg, see, n_anchor, scale):
     return torch.empty_like(q)
 
 
-def packed_attention_op(q, k, v, k_cache, v_cache, cache_len, layout: Layout, scale: float) -> torch.Tensor:
+def packed_attention_op(q, k, v, k_pool, v_pool, table, cache_len, layout: Layout, scale: float) -> torch.Tensor:
     """The engine's attention backend: `packed_attention` as one torch op that declares its in-place cache
     writes. torch.compile calls it and never traces the kernel (traced inline, the compiled step emitted
     wrong tokens on the H200, tests/test_kernels.py::test_engine_compiled); eager and graph-captured calls
     go through the op dispatcher alike."""
-    return _packed_attention_op(q, k, v, k_cache, v_cache, cache_len, layout.seg, layout.see, layout.n_anchor,
-                                scale)
+    return _packed_attention_op(q, k, v, k_pool, v_pool, table, cache_len, layout.seg, layout.see,
+                                layout.n_anchor, scale)

@@ -19,7 +19,7 @@ from packed_ss.decode.epilogue import TorchEpilogue
 from packed_ss.decode.sampling import SamplingParams
 from packed_ss.decode.schedules import SCHEDULES
 from packed_ss.decode.state import DecodeState
-from packed_ss.model.attention import Layout, packed_attention_ref, write_anchors
+from packed_ss.model.attention import Layout, gather_positions, packed_attention_ref, write_anchors
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -44,33 +44,59 @@ def engine_layout(kind: str, width: int):
     return step.inputs(DecodeState.new(width, 1, 10, [], 0, DEVICE)).layout
 
 
-def poisoned_cache(kv_heads, dim, cache_len, dtype):
-    """Random K/V below cache_len, NaN from there on (a kernel reading an unwritten slot shows up)."""
-    cache = torch.randn(kv_heads, CAPACITY, dim, device=DEVICE).to(dtype)
-    cache[:, cache_len:] = float("nan")
-    return cache
+def paged(caches: torch.Tensor, page_size: int, gen: torch.Generator, spare: int = 3):
+    """Per-request caches [B, Hkv, S, D] as a pool [pages, page_size, Hkv, D] and a page table [B, n]: the
+    requests' pages interleaved in a random order, with the null page and `spare` pages of NaN no table names
+    (a kernel reading or writing outside a request's pages shows up there)."""
+    batch, kv_heads, slots, dim = caches.shape
+    n = -(-slots // page_size)
+    padded = torch.full((batch, kv_heads, n * page_size, dim), float("nan"), dtype=caches.dtype, device=caches.device)
+    padded[:, :, :slots] = caches
+    pool = torch.full((1 + batch * n + spare, page_size, kv_heads, dim), float("nan"), dtype=caches.dtype,
+                      device=caches.device)
+    table = (1 + torch.randperm(batch * n + spare, generator=gen)[:batch * n]).view(batch, n).to(caches.device)
+    pool[table] = padded.transpose(1, 2).reshape(batch, n, page_size, kv_heads, dim)
+    return pool, table
 
 
-def check_attention(kind, width, cache_len, group, dim=16, kv_heads=2, dtype=torch.float32, **launch):
+def poisoned_caches(batch, kv_heads, dim, cache_lens, dtype, gen):
+    """Random K/V below each request's cache_len, NaN from there on (a kernel reading an unwritten slot shows up)."""
+    caches = torch.randn(batch, kv_heads, CAPACITY, dim, generator=gen).to(DEVICE, dtype)
+    for b, n in enumerate(cache_lens):
+        caches[b, :, n:] = float("nan")
+    return caches
+
+
+def check_paged(lay, q, k, v, caches, cache_lens, dtype, page_size=16, see_rows=None, **launch):
+    """The kernel against the reference over the same paged pools (anchors written in place by both), per
+    request alone (its own row of `see` when `see_rows`); every pool slot outside the anchors' is untouched."""
+    gen = torch.Generator(device="cpu").manual_seed(len(cache_lens) + page_size)
+    (k_pool, table), (v_pool, _) = (paged(c, page_size, torch.Generator().manual_seed(gen.initial_seed()))
+                                    for c in caches)
+    length, scale = torch.tensor(cache_lens, device=DEVICE), q.shape[-1] ** -0.5
+    want_k, want_v = k_pool.clone(), v_pool.clone()
+    write_anchors(want_k, want_v, table, k, v, length, lay.n_anchor)
+    out = packed_attention(q, k, v, k_pool, v_pool, table, length, lay, scale, **launch)
+    assert out.shape == q.shape and out.dtype == dtype
+    for b in range(len(cache_lens)):
+        own = lay if see_rows is None else Layout(lay.n_anchor, lay.seg, lay.see[b], lay.draft_from)
+        ref = packed_attention_ref(q[b:b + 1].double(), k[b:b + 1].double(), v[b:b + 1].double(),
+                                   want_k.double().nan_to_num(1e4), want_v.double().nan_to_num(1e4),
+                                   table[b:b + 1], length[b:b + 1], own, scale)
+        torch.testing.assert_close(out[b:b + 1].double(), ref, rtol=TOL[dtype], atol=TOL[dtype])
+    # Exactly the anchors' K/V in slots cache_len .. cache_len + n_anchor - 1, every other slot untouched.
+    torch.testing.assert_close(k_pool, want_k, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(v_pool, want_v, rtol=0, atol=0, equal_nan=True)
+
+
+def check_attention(kind, width, cache_len, group, dim=16, kv_heads=2, dtype=torch.float32, page_size=16,
+                    **launch):
     lay = engine_layout(kind, width)
     rows, heads = lay.rows, kv_heads * group
     gen = torch.Generator(device="cpu").manual_seed(1000 * width + cache_len + group)
-    q, k, v = (torch.randn(rows, h, dim, generator=gen).to(DEVICE, dtype) for h in (heads, kv_heads, kv_heads))
-    k_cache, v_cache = (poisoned_cache(kv_heads, dim, cache_len, dtype) for _ in range(2))
-    length = torch.tensor(cache_len, device=DEVICE)
-    scale = dim ** -0.5
-
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    write_anchors(want_k, want_v, k, v, length, lay.n_anchor)
-    ref = packed_attention_ref(q.double(), k.double(), v.double(), want_k.double().nan_to_num(1e4),
-                               want_v.double().nan_to_num(1e4), length, lay, scale)
-
-    out = packed_attention(q, k, v, k_cache, v_cache, length, lay, scale, **launch)
-    assert out.shape == q.shape and out.dtype == dtype
-    torch.testing.assert_close(out.double(), ref, rtol=TOL[dtype], atol=TOL[dtype])
-    # Exactly the anchors' K/V in slots cache_len .. cache_len + n_anchor - 1, every other slot untouched.
-    torch.testing.assert_close(k_cache, want_k, rtol=0, atol=0, equal_nan=True)
-    torch.testing.assert_close(v_cache, want_v, rtol=0, atol=0, equal_nan=True)
+    q, k, v = (torch.randn(1, rows, h, dim, generator=gen).to(DEVICE, dtype) for h in (heads, kv_heads, kv_heads))
+    caches = [poisoned_caches(1, kv_heads, dim, [cache_len], dtype, gen) for _ in range(2)]
+    check_paged(lay, q, k, v, caches, [cache_len], dtype, page_size, **launch)
 
 
 LAYOUTS = ["ar", "prefill", "prefill_draft", "packed", "linear_verify", "linear_draft", "quadratic"]
@@ -89,8 +115,16 @@ def test_packed_attention(kind, width, cache_len, group, dtype):
 
 @pytest.mark.parametrize("kind", ["prefill_draft", "packed", "quadratic"])
 def test_small_blocks(kind):
-    """Several blocks per KV range: anchor loop bounds, skipped scratch blocks, ragged tails."""
+    """Several pages per KV range: anchor loop bounds, skipped scratch pages, ragged tails."""
     check_attention(kind, 8, 203, 2, block_m=16, block_n=16)
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16, 64, 256])
+@pytest.mark.parametrize("kind", ["prefill_draft", "packed"])
+def test_cache_block_sizes(kind, page_size):
+    """Cache pages smaller than a KV tile, not dividing it (5), equal to it and larger: every tile gathers its
+    keys block by block; the anchors cross block boundaries."""
+    check_attention(kind, 7, 203, 2, page_size=page_size, block_n=32)
 
 
 @pytest.mark.parametrize("splits", [2, 3])
@@ -114,21 +148,16 @@ BATCH_LENS = (0, 5, 37)   # one cache length per request of a batch
 
 
 def batch_inputs(kind, group, dtype, device=DEVICE, dim=16, kv_heads=2, poison=True):
-    """A batch of len(BATCH_LENS) requests sharing one layout. The caches are layer 1 of 2 of request-major
-    [B, L, Hkv, S, D] buffers seen as [L, B, Hkv, S, D]: non-contiguous [B, Hkv, S, D] views. Every slot
-    from a request's cache_len on is NaN (poison) or random; returns the whole buffers."""
+    """A batch of len(BATCH_LENS) requests sharing one layout, with caches [B, Hkv, S, D] of their own; every
+    slot from a request's cache_len on is NaN (poison) or random."""
     lay = engine_layout(kind, 3).to(device)
     batch, heads = len(BATCH_LENS), kv_heads * group
     gen = torch.Generator(device="cpu").manual_seed(100 * group + len(kind))
     q, k, v = (torch.randn(batch, lay.rows, h, dim, generator=gen).to(device, dtype)
                for h in (heads, kv_heads, kv_heads))
-    bufs = [torch.randn(batch, 2, kv_heads, CAPACITY, dim, generator=gen).to(device, dtype) for _ in range(2)]
-    for b, n in enumerate(BATCH_LENS if poison else ()):
-        for buf in bufs:
-            buf[b, :, :, n:] = float("nan")
-    k_all, v_all = (buf.transpose(0, 1) for buf in bufs)
-    assert not k_all[1].is_contiguous()
-    return lay, q, k, v, k_all, v_all, torch.tensor(BATCH_LENS, device=device)
+    caches = [poisoned_caches(batch, kv_heads, dim, BATCH_LENS if poison else [CAPACITY] * batch, dtype, gen)
+              for _ in range(2)]
+    return lay, q, k, v, [c.to(device) for c in caches]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -136,24 +165,11 @@ def batch_inputs(kind, group, dtype, device=DEVICE, dim=16, kv_heads=2, poison=T
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("kind", ["prefill", "packed", "quadratic"])
 def test_batch(kind, group, splits, dtype):
-    """A batch of 3 requests with their own cache lengths, one launch: every request's output equals the
-    reference run on that request alone, and its anchors land in its own cache at its own slots only."""
-    lay, q, k, v, k_all, v_all, length = batch_inputs(kind, group, dtype)
-    scale = q.shape[-1] ** -0.5
-    want_k, want_v = k_all.clone(), v_all.clone()
-    for b, n in enumerate(BATCH_LENS):
-        want_k[1, b, :, n:n + lay.n_anchor] = k[b, :lay.n_anchor].transpose(0, 1)
-        want_v[1, b, :, n:n + lay.n_anchor] = v[b, :lay.n_anchor].transpose(0, 1)
-
-    out = packed_attention(q, k, v, k_all[1], v_all[1], length, lay, scale, block_n=16, num_splits=splits)
-    assert out.shape == q.shape and out.dtype == dtype
-    for b in range(len(BATCH_LENS)):
-        ref = packed_attention_ref(q[b].double(), k[b].double(), v[b].double(), want_k[1, b].double().nan_to_num(1e4),
-                                   want_v[1, b].double().nan_to_num(1e4), length[b], lay, scale)
-        torch.testing.assert_close(out[b].double(), ref, rtol=TOL[dtype], atol=TOL[dtype])
-    # The whole buffers: the other layer, the other requests and every slot outside the anchors' are untouched.
-    torch.testing.assert_close(k_all, want_k, rtol=0, atol=0, equal_nan=True)
-    torch.testing.assert_close(v_all, want_v, rtol=0, atol=0, equal_nan=True)
+    """A batch of 3 requests with their own cache lengths and pages of one pool, one launch: every request's
+    output equals the reference run on that request alone, and its anchors land in its own pages at its own
+    slots only."""
+    lay, q, k, v, caches = batch_inputs(kind, group, dtype)
+    check_paged(lay, q, k, v, caches, BATCH_LENS, dtype, block_n=16, num_splits=splits)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -168,35 +184,48 @@ def test_batch_with_a_see_row_per_request(dtype):
     assert lay.see.shape == (3, lay.rows)
     gen = torch.Generator(device="cpu").manual_seed(7)
     q, k, v = (torch.randn(3, lay.rows, h, 16, generator=gen).to(DEVICE, dtype) for h in (4, 2, 2))
-    k_cache, v_cache = (torch.randn(3, 2, CAPACITY, 16, generator=gen).to(DEVICE, dtype) for _ in range(2))
-    length, scale = torch.zeros(3, dtype=torch.int64, device=DEVICE), 16 ** -0.5
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    out = packed_attention(q, k, v, k_cache, v_cache, length, lay, scale)
-    for b in range(3):
-        write_anchors(want_k[b], want_v[b], k[b], v[b], length[b], lay.n_anchor)
-        own = Layout(lay.n_anchor, lay.seg, lay.see[b], lay.draft_from)
-        ref = packed_attention_ref(q[b].double(), k[b].double(), v[b].double(), want_k[b].double(),
-                                   want_v[b].double(), length[b], own, scale)
-        torch.testing.assert_close(out[b].double(), ref, rtol=TOL[dtype], atol=TOL[dtype])
-    torch.testing.assert_close(k_cache, want_k, rtol=0, atol=0)
-    torch.testing.assert_close(v_cache, want_v, rtol=0, atol=0)
+    caches = [torch.randn(3, 2, CAPACITY, 16, generator=gen).to(DEVICE, dtype) for _ in range(2)]
+    check_paged(lay, q, k, v, caches, [0, 0, 0], dtype, see_rows=True)
+
+
+def test_anchors_past_the_table_go_to_the_null_block():
+    """An anchor whose slot lies past a request's table writes nothing that request or another can see: the
+    reference puts it in the null page, the kernel drops it; both leave every other block as it was."""
+    lay = engine_layout("packed", 3)
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    q, k, v = (torch.randn(1, lay.rows, h, 16, generator=gen).to(DEVICE) for h in (4, 2, 2))
+    k_pool, v_pool = (torch.randn(5, 4, 2, 16, generator=gen).to(DEVICE) for _ in range(2))
+    table = torch.tensor([[3, 1]], device=DEVICE)                  # 8 slots; the anchors start at slot 6
+    length = torch.tensor([6], device=DEVICE)
+    for attend in (packed_attention_ref, packed_attention):
+        kp, vp = k_pool.clone(), v_pool.clone()
+        attend(q, k, v, kp, vp, table, length, lay, 0.25)
+        torch.testing.assert_close(kp[[2, 4]], k_pool[[2, 4]], rtol=0, atol=0)   # no table names them
+        torch.testing.assert_close(kp[1, 2:], k[0, :2], rtol=0, atol=0)          # slots 6, 7: the first two
+        torch.testing.assert_close(kp[3], k_pool[3], rtol=0, atol=0)             # slots 0..3: before cache_len
 
 
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("kind", LAYOUTS)
 def test_batched_reference(kind, group):
-    """The batched torch reference (vectorised over the batch) equals the per-request reference (CPU, fp32)."""
+    """The batched torch reference (vectorised over the batch, one shuffled pool) equals the reference run on
+    each request alone over its own contiguous cache (an identity table) (CPU, fp32)."""
     cpu = torch.device("cpu")
-    lay, q, k, v, k_all, v_all, length = batch_inputs(kind, group, torch.float32, cpu, poison=False)
+    lay, q, k, v, caches = batch_inputs(kind, group, torch.float32, cpu, poison=False)
     scale = q.shape[-1] ** -0.5
-    want_k, want_v = k_all.clone(), v_all.clone()
-    want = [packed_attention_ref(q[b], k[b], v[b], want_k[1, b], want_v[1, b], length[b], lay, scale)
-            for b in range(len(BATCH_LENS))]
-    out = packed_attention_ref(q, k, v, k_all[1], v_all[1], length, lay, scale)
+    (k_pool, table), (v_pool, _) = (paged(c, 16, torch.Generator().manual_seed(5)) for c in caches)
+    length = torch.tensor(BATCH_LENS)
+    out = packed_attention_ref(q, k, v, k_pool, v_pool, table, length, lay, scale)
     assert out.shape == q.shape
-    torch.testing.assert_close(out, torch.stack(want), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(k_all, want_k, rtol=0, atol=0)
-    torch.testing.assert_close(v_all, want_v, rtol=0, atol=0)
+    for b in range(len(BATCH_LENS)):
+        n = CAPACITY // 16
+        identity = torch.arange(1, n + 1)[None]
+        k_own, v_own = (torch.cat([torch.zeros(1, 16, *c.shape[1::2]), c[b].transpose(0, 1).reshape(n, 16, *c.shape[1::2])])
+                        for c in caches)
+        want = packed_attention_ref(q[b:b + 1], k[b:b + 1], v[b:b + 1], k_own, v_own, identity, length[b:b + 1], lay,
+                                    scale)
+        torch.testing.assert_close(out[b:b + 1], want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(gather_positions(k_pool, table[b:b + 1]), gather_positions(k_own, identity), rtol=0, atol=0)
 
 
 @pytest.fixture(scope="module")
@@ -251,11 +280,13 @@ AOT = textwrap.dedent("""
     for dt, g, d, bm, splits, prec in (("bf16", 4, 128, 64, 9, "tf32"), ("fp32", 2, 16, 16, 1, "ieee")):
         p = "*" + dt
         build(_packed_attention_kernel,
-              dict(Q=p, K=p, V=p, KC=p, VC=p, Out=p, OPart="*fp32", MPart="*fp32", LPart="*fp32",
+              dict(Q=p, K=p, V=p, KC=p, VC=p, Table="*i64", Out=p, OPart="*fp32", MPart="*fp32", LPart="*fp32",
                    cache_len_ptr="*i64", seg_ptr="*i64", see_ptr="*i64", R="i32", n_anchor="i32", HKV="i32",
-                   scale_log2="fp32", s_cl="i32", s_see="i32", **i32("s_qb s_qr s_qh s_kb s_kr s_kh s_vb s_vr s_vh "
-                                                        "s_kcb s_kch s_kcs s_vcb s_vch s_vcs s_ob s_or s_oh")),
-              dict(G=g, D=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_N=64, NUM_SPLITS=splits, PREC=prec), num_warps=4)
+                   scale_log2="fp32", s_cl="i32", s_see="i32", n_table="i32", s_tb="i32",
+                   **i32("s_qb s_qr s_qh s_kb s_kr s_kh s_vb s_vr s_vh "
+                         "s_kcn s_kcs s_kch s_vcn s_vcs s_vch s_ob s_or s_oh")),
+              dict(G=g, D=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_N=64, PAGE_SIZE=16, NUM_SPLITS=splits, PREC=prec),
+              num_warps=4)
     build(_combine_kernel, dict(Out="*bf16", OPart="*fp32", MPart="*fp32", LPart="*fp32",
                                 **i32("R H s_ob s_or s_oh")),
           dict(D=128, BLOCK_D=128, NUM_SPLITS=9, BLOCK_S=16))

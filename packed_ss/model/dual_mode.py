@@ -44,7 +44,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, q_scale, k_cache, v_cache, cache_len, layout, attend):
+    def forward(self, x, rope, q_scale, k_pool, v_pool, table, cache_len, layout, attend):
         rows, d, drafting = x.shape[:-1], self.cfg.head_dim, layout.draft_from   # rows: (B, R)
         q = self.q_proj(x, drafting).view(*rows, -1, d)
         k = self.k_proj(x, drafting).view(*rows, -1, d)
@@ -54,7 +54,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if q_scale is not None:
             q = q * q_scale
-        out = attend(q, k, v, k_cache, v_cache, cache_len, layout, d ** -0.5)
+        out = attend(q, k, v, k_pool, v_pool, table, cache_len, layout, d ** -0.5)
         return self.o_proj(out.reshape(*rows, -1), drafting)
 
 
@@ -78,8 +78,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, q_scale, k_cache, v_cache, cache_len, layout, attend):
-        x = x + self.self_attn(self.input_layernorm(x), rope, q_scale, k_cache, v_cache, cache_len,
+    def forward(self, x, rope, q_scale, k_pool, v_pool, table, cache_len, layout, attend):
+        x = x + self.self_attn(self.input_layernorm(x), rope, q_scale, k_pool, v_pool, table, cache_len,
                                layout, attend)
         return x + self.mlp(self.post_attention_layernorm(x), layout.draft_from)
 
@@ -92,19 +92,31 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+PAGE_SIZE = 16   # cache positions per page (vLLM's default)
+
+
 @dataclass
 class KVCache:
-    """Per-layer keys and values: [layers, kv_heads, capacity, head_dim] each for one request, [layers, batch,
-    kv_heads, capacity, head_dim] for a batch (`rows(b, e)`: requests b..e-1 of it, views)."""
+    """Paged keys and values. `k`, `v`: pools of pages, [layers, pages, page_size, kv_heads, head_dim] each;
+    `table`: the pages of each request's cache positions, [B, n] for a batch ([n] for one request): position j
+    of request b lives in page table[b, j // page_size] at offset j % page_size. Page 0 is the null page: a
+    table's unused entries name it, and no request's visible position lives there. `rows(b, e)`: requests
+    b..e-1 (a view of the table, the same pools)."""
     k: torch.Tensor
     v: torch.Tensor
+    table: torch.Tensor
+
+    @property
+    def page_size(self) -> int:
+        return self.k.shape[2]
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[-2]
+        """Cache positions per request."""
+        return self.table.shape[-1] * self.page_size
 
     def rows(self, begin: int, end: int) -> "KVCache":
-        return KVCache(self.k[:, begin:end], self.v[:, begin:end])
+        return KVCache(self.k, self.v, self.table[begin:end])
 
 
 class DualModeModel(nn.Module):
@@ -138,12 +150,16 @@ class DualModeModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def new_cache(self, capacity: int, batch: int | None = None) -> KVCache:
-        """A zeroed cache for one request, or for `batch` requests decoded together."""
+    def kv_pools(self, pages: int, page_size: int = PAGE_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uninitialised K and V pools of `pages` pages (runtime/kv_pool.py zeroes a page before its use)."""
         c = self.cfg
-        shape = (c.num_layers, *([batch] if batch else []), c.num_kv_heads, capacity, c.head_dim)
-        return KVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                       torch.zeros(shape, dtype=self.dtype, device=self.device))
+        shape = (c.num_layers, pages, page_size, c.num_kv_heads, c.head_dim)
+        return (torch.empty(shape, dtype=self.dtype, device=self.device),
+                torch.empty(shape, dtype=self.dtype, device=self.device))
+
+    def new_cache(self, capacity: int, batch: int | None = None, page_size: int = PAGE_SIZE) -> KVCache:
+        """A zeroed cache of its own for one request, or for `batch` requests decoded together (own_cache)."""
+        return own_cache(self, capacity, batch, page_size)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, layout: Layout, cache: KVCache,
                 cache_len: torch.Tensor, attend=packed_attention_ref, head: bool = True) -> torch.Tensor | None:
@@ -157,7 +173,7 @@ class DualModeModel(nn.Module):
         applies to rows `layout.draft_from ..` only.
         """
         if tokens.dim() == 1:
-            one = KVCache(cache.k.unsqueeze(1), cache.v.unsqueeze(1))
+            one = KVCache(cache.k, cache.v, cache.table[None])
             logits = self._forward(tokens[None], positions[None], layout, one, cache_len[None], attend, head)
             return None if logits is None else logits[0]
         return self._forward(tokens, positions, layout, cache, cache_len, attend, head)
@@ -169,10 +185,19 @@ class DualModeModel(nn.Module):
         if self.cfg.llama4_scaling:
             q_scale = llama4_query_scale(positions, *self.cfg.llama4_scaling, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, q_scale, cache.k[i], cache.v[i], cache_len, layout, attend)
+            x = layer(x, rope, q_scale, cache.k[i], cache.v[i], cache.table, cache_len, layout, attend)
         if not head:
             return None
         logits = self.lm_head(self.model.norm(x))
         if self.cfg.suppress_mask_logit:   # SetDLM: the mask token is never a prediction, on any row
             logits[..., self.cfg.mask_token_id] = float("-inf")
         return logits
+
+
+def own_cache(model, capacity: int, batch: int | None = None, page_size: int = PAGE_SIZE) -> KVCache:
+    """A zeroed cache of `model`'s (anything with `kv_pools`) for one request, or for `batch` requests decoded
+    together, outside any pool: each request's pages in order after the null page."""
+    n = -(-capacity // page_size)
+    k, v = model.kv_pools(1 + (batch or 1) * n, page_size)
+    table = 1 + torch.arange((batch or 1) * n, device=k.device).view(batch or 1, n)
+    return KVCache(k.zero_(), v.zero_(), table if batch else table[0])

@@ -36,9 +36,9 @@ def weight_bytes(model) -> int:
 
 
 def kv_bytes_per_token(model) -> int:
-    """K/V bytes per cached position of one request (every layer's keys and values), from a one-slot cache."""
-    cache = model.new_cache(1, 1)
-    return cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()
+    """K/V bytes per cached position of one request (every layer's keys and values), from a pool of one position."""
+    k, v = model.kv_pools(1, 1)
+    return k.numel() * k.element_size() + v.numel() * v.element_size()
 
 
 def fits(model, batch: int, capacity: int, rows: int) -> str | None:

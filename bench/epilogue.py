@@ -31,7 +31,6 @@ import torch
 
 import packed_ss
 from packed_ss.decode.epilogue import native_available, native_unavailable_reason
-from packed_ss.model import KVCache
 
 SCHEDULES = ("ar", "linear", "quadratic", "packed")
 SAMPLING = {"greedy": dict(), "T1": dict(temperature=1.0), "top-k50-p0.9": dict(temperature=0.8, top_k=50, top_p=0.9)}
@@ -50,9 +49,9 @@ class StandInModel:
         self.device, self.dtype = torch.device(device), torch.float32
         self.draft_profile = None   # no drafter profile: the engine's defaults
 
-    def new_cache(self, capacity: int, batch: int | None = None) -> KVCache:
-        shape = (1, *([batch] if batch else []), 1, capacity, 1)
-        return KVCache(torch.zeros(shape, device=self.device), torch.zeros(shape, device=self.device))
+    def kv_pools(self, pages: int, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (1, pages, page_size, 1, 1)
+        return torch.zeros(shape, device=self.device), torch.zeros(shape, device=self.device)
 
     def __call__(self, tokens, positions, layout, cache, cache_len, attend=None):
         rows = self.logits[: tokens.shape[-1]]

@@ -19,8 +19,10 @@ from .decode.sampling import SamplingParams
 from .decode.schedules import SCHEDULES
 from .decode.shared_noise import SharedNoise
 from .model.attention import attention_backend
-from .model.dual_mode import DualModeModel
+from .model.dual_mode import PAGE_SIZE, DualModeModel
 from .runtime import GenerateResult, Request, Runtime
+from .runtime.batch import CACHE_QUANTUM
+from .runtime.kv_pool import KVUsage
 from .runtime.loop import PREFILL_CHUNK
 from .runtime.scheduler import Group
 from .runtime.program import call_layouts
@@ -52,7 +54,7 @@ class Engine:
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
                  epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, sampler: str | None = None, kv_cache_bytes: int | None = None,
-                 drafts: str | None = None):
+                 drafts: str | None = None, prefix_cache: bool = True, page_size: int = PAGE_SIZE):
         """`schedule`: "adaptive" (the default for left-to-right models), "packed" (for any-order ones), "linear",
         "quadratic", "ar", or "lookup" (drafts by n-gram lookup alone, verified in one causal call).
         "adaptive" picks each iteration's call among a few prebuilt shapes - AR, lookup drafts verified alone,
@@ -67,7 +69,7 @@ class Engine:
         `width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
         maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
         and this device's per-call latency, measured once per process (width.py); at most the model's
-        `block_size - 1`. Without a profile: `block_size - 1` where the config declares one (capped at
+        `page_size - 1`. Without a profile: `page_size - 1` where the config declares one (capped at
         MAX_WIDTH), else 8. `engine.width` is the width in use; `engine.width_source` says where it came from
         ("measured now", "remembered from <time>", a fixed default): a measured choice is stored per machine,
         install, model and setting (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the
@@ -85,9 +87,16 @@ class Engine:
         `max_seq_len` caps prompt + new tokens (default: the model's). `prefill_chunk`: the most prompt
         tokens one call prefills; a longer prompt enters the cache a chunk per decode iteration, so requests
         already running wait at most one chunk's call per iteration for it (same tokens as one call, up to
-        float rounding of the attention sums). `kv_cache_bytes`: the most bytes a batch's K/V cache may take
-        (default: no limit); a batch runs fewer requests at once rather than exceed it (a request that does not
-        fit alone is a ValueError).
+        float rounding of the attention sums). `kv_cache_bytes`: the size of the engine's K/V pool, in pages
+        of `page_size` cache positions that requests take as their tokens need them (default: the environment's
+        PACKED_SS_KV_CACHE_BYTES, else 80% of the free GPU memory when the pool is made; on a CPU 4 GiB or a
+        quarter of the host's memory, of which only the pages used are touched; at most what MAX_BATCH requests
+        of max_seq_len could hold); requests wait for pages, and
+        a running request is preempted (and later continues unchanged) when the pool runs out; a request that
+        does not fit the pool alone is a ValueError. `prefix_cache`: a prompt that starts with the tokens of an earlier
+        request's full pages (its prompt, or prompt and output) shares their K/V and prefills only the rest; the
+        tokens are the same with it on or off (float64; in lower precision up to the rounding of a call of
+        other rows, see README).
 
         `epilogue`: "native" ends each step (acceptance, residual / bonus draw, emit, retain) in one call
         of the compiled epilogue (csrc/, packed_ss/epilogue/), "torch" in the plain-torch reference;
@@ -132,12 +141,15 @@ class Engine:
         check_int("prefill_chunk", prefill_chunk, 1)
         if kv_cache_bytes is not None:
             check_int("kv_cache_bytes", kv_cache_bytes, 1)
+        check_int("page_size", page_size, 1, CACHE_QUANTUM)
+        if CACHE_QUANTUM % page_size:
+            raise ValueError(f"page_size must divide {CACHE_QUANTUM}, got {page_size}")
         self.epilogue = self._pick_epilogue(epilogue, model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         mode = "graph" if cuda_graph else ("compile" if compile else "eager")
         self.runtime = Runtime(model, attention_backend(self.backend), mode,
                                ("inductor" if compile is True else compile) or None, self.max_seq_len,
-                               prefill_chunk, kv_cache_bytes)
+                               prefill_chunk, kv_cache_bytes, page_size, bool(prefix_cache))
         self._programs: dict[SamplingParams, object] = {}
         self.width_source = "given"
         self.policy_type = Policy          # the adaptive schedule's (tests put a policy that switches at will)
@@ -147,8 +159,8 @@ class Engine:
             self.width = self._auto_width() if auto else width
 
     def _adaptive_width(self) -> int:
-        """The adaptive schedule's widest shape: the acceptance profile's width, the model's `block_size - 1` at
-        most; without a profile `block_size - 1` where the config declares one, else DEFAULT_WIDTH."""
+        """The adaptive schedule's widest shape: the acceptance profile's width, the model's `page_size - 1` at
+        most; without a profile `page_size - 1` where the config declares one, else DEFAULT_WIDTH."""
         cfg, profile = self.model.cfg, self.model.draft_profile
         limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
         self.width_source = "adaptive: the profile's width" if profile else "adaptive: default"
@@ -291,6 +303,10 @@ class Engine:
         (0, new tokens) as iterations add them (when `stream`) and (0, GenerateResult) at its end; `error` is
         set if its batch fails."""
         return self.runtime.add(submission.program, [submission.request], 1, stream)
+
+    def kv_usage(self) -> KVUsage:
+        """The K/V pool now: pages held, published in the prefix cache, its hits, evictions and preemptions."""
+        return self.runtime.kv_usage()
 
     def step(self) -> bool:
         """One step of every running batch (admission, one iteration, the poll); whether work remains."""

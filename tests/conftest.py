@@ -9,6 +9,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Every engine's default K/V pool: small, since tests hold many engines at once, and a step compiled with
+# aot_eager (which does not reinplace, as inductor does) copies the whole pool its attention writes to.
+os.environ.setdefault("PACKED_SS_KV_CACHE_BYTES", str(32 << 20))
 
 # The test models are tiny: one intra-op thread is fastest, and avoids thrashing on a shared 2-core box.
 torch.set_num_threads(1)

@@ -1,6 +1,8 @@
 """A prompt longer than `prefill_chunk` enters its cache a chunk per scheduler step (runtime/scheduler.py):
 the same tokens as a prefill in one call (float64 models: the attention sums' rounding cannot flip a token),
-and requests already running keep decoding between its chunks, waiting one chunk's call per step at most."""
+and requests already running keep decoding between its chunks, waiting one chunk's call per step at most.
+Where a test decodes a request alone first and counts chunks after, the prefix cache is off (the prompt would
+come from it)."""
 import pytest
 import torch
 from tiny_models import checkpoint
@@ -74,7 +76,7 @@ def test_running_requests_decode_between_the_chunks(model, calls):
     """A long prompt joins a running stream: after each of its chunks the runtime runs the running request's
     iteration before the next chunk, so the stream gains tokens while the prompt is read in; both get what
     they get alone, and the long request's slot is the batch's second."""
-    engine = packed_ss.Engine(model, schedule="packed", width=3, prefill_chunk=CHUNK)
+    engine = packed_ss.Engine(model, schedule="packed", width=3, prefill_chunk=CHUNK, prefix_cache=False)
     short, long = (dict(prompt_ids=p, max_new_tokens=60, eos_token_id=[]) for p in (SHORT, LONG))
     want_short, want_long = engine.generate(**short).tokens, engine.generate(**long).tokens
     first = engine.stream(**short)
@@ -97,7 +99,7 @@ def test_prompts_reading_in_move_with_a_growing_batch(model):
     """Two long prompts join one after the other while a short request runs, on the scheduler's request-level
     interface (add / step): the batch grows under the first one's chunks (its cache rows move to the new batch),
     and every request gets what it gets alone."""
-    engine = packed_ss.Engine(model, schedule="packed", width=3, prefill_chunk=CHUNK)
+    engine = packed_ss.Engine(model, schedule="packed", width=3, prefill_chunk=CHUNK, prefix_cache=False)
     prompts = [SHORT, LONG, LONG[::-1]]
     alone = [engine.generate(p, max_new_tokens=30, eos_token_id=[], temperature=1.0, seed=i).tokens
              for i, p in enumerate(prompts)]
@@ -135,3 +137,26 @@ def test_aborting_a_request_while_its_prompt_is_read_in_frees_its_slot(model):
 def test_prefill_chunk_is_checked(model):
     with pytest.raises(ValueError, match=r"prefill_chunk must be an integer >= 1, got 0"):
         packed_ss.Engine(model, width=3, prefill_chunk=0)
+
+
+def test_a_long_prompt_in_a_slot_another_request_left(model):
+    """A long prompt reads in while its slot's row (a finished request's) still rides along in the batch's calls:
+    those calls write nothing into the pages it is filling, and every request gets what it gets alone."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3, prefill_chunk=CHUNK, prefix_cache=False)
+    prompts, caps = [SHORT, SHORT[::-1], SHORT[1:], LONG], [40, 3, 40, 30]    # LONG takes slot 1 once it is free
+    alone = [engine.generate(p, max_new_tokens=c, eos_token_id=[]).tokens for p, c in zip(prompts, caps)]
+    got = engine.generate_batch(prompts, max_new_tokens=caps, eos_token_id=[], batch_size=3)
+    assert [r.tokens for r in got] == alone
+
+
+def test_a_long_prompt_found_in_the_prefix_cache_reads_in_the_rest(model, calls):
+    """A long prompt whose first pages are published reads in only what follows them, a chunk per step."""
+    engine = packed_ss.Engine(model, schedule="packed", width=3, prefill_chunk=CHUNK)
+    first = engine.generate(LONG[:32], max_new_tokens=4, eos_token_id=[])
+    calls.clear()
+    got = engine.generate(LONG, max_new_tokens=30, eos_token_id=[])
+    want = packed_ss.Engine(model, schedule="packed", width=3, prefix_cache=False).generate(LONG, max_new_tokens=30,
+                                                                                          eos_token_id=[])
+    assert got.tokens == want.tokens and first.cached_tokens == 0
+    assert got.cached_tokens == 32 + 4 // 16 * 16        # the first prompt's two pages; its output fills none
+    assert [c for c in calls if c[0] == "chunk"] == [("chunk", CHUNK)]    # 45 - 32 = 13 tokens: one chunk, the rest

@@ -141,18 +141,19 @@ def test_threads_share_one_batch(model, batch_sizes):
 
 
 def test_closed_stream_releases_what_it_held(model):
-    """A stream closed after its first tokens: the shared cache is free again, the next request uses it and
-    gets its tokens alone; a stream left open makes the next request run on a cache of its own."""
+    """A stream closed after its first tokens gives its K/V pages back at once: while it is open another request
+    decodes beside it and gets its tokens alone; once it is closed the pool holds nothing."""
     engine = packed_ss.Engine(model, schedule="packed", width=3)
     first, second = requests(2)
     want = engine.generate(**second).tokens
+    assert engine.kv_usage().held == 0
     stream = engine.stream(**first)
     next(stream)
-    assert engine.runtime._cache_held
-    private = engine.generate(**second)
-    assert private.tokens == want and engine.runtime._cache_held
+    held = engine.kv_usage().held
+    assert held > 0
+    assert engine.generate(**second).tokens == want and engine.kv_usage().held == held
     stream.close()
-    assert not engine.runtime._cache_held
+    assert engine.kv_usage().held == 0
     assert engine.generate(**second).tokens == want
 
 
@@ -186,34 +187,42 @@ def test_any_order_streams_take_turns(batch_sizes):
     assert got == alone and max(batch_sizes) == 1
 
 
-def test_kv_cache_budget_limits_the_batch(model, batch_sizes):
-    """kv_cache_bytes holds three slots of these requests' cache: eight prompts decode three at a time (the rest
-    wait for free slots), each equal to alone, and the cache never exceeds the budget; a request that does not
-    fit alone is refused by name."""
+def test_a_small_pool_preempts_and_gives_the_same_tokens(model, batch_sizes):
+    """kv_cache_bytes holds about three of these requests' caches at their longest: eight prompts start together
+    (each holds only the pages its tokens need), run out of pages as they grow, and the latest admitted are
+    preempted and come back; each output equals the request decoded alone, the pool never holds more than its
+    pages, and nothing is left held at the end. A request that does not fit the pool alone is refused by name."""
     engine = packed_ss.Engine(model, schedule="packed", width=3)
-    slot = engine.runtime.slot_bytes(256)                    # every request here fits one CACHE_QUANTUM
-    budget = packed_ss.Engine(model, schedule="packed", width=3, kv_cache_bytes=3 * slot + slot // 2)
+    page_bytes = engine.kv_usage().page_bytes
+    small = packed_ss.Engine(model, schedule="packed", width=3, kv_cache_bytes=12 * page_bytes)
     prompts = [PROMPTS[i % 4] for i in range(8)]
-    kwargs = dict(max_new_tokens=[10 + 3 * i for i in range(8)], eos_token_id=[], temperature=1.0, seed=2)
+    kwargs = dict(max_new_tokens=[30 + 3 * i for i in range(8)], eos_token_id=[], temperature=1.0, seed=2)
     want = engine.generate_batch(prompts, **kwargs)
+    held = []
     batch_sizes.clear()
-    got = budget.generate_batch(prompts, **kwargs)
+    forward = small.runtime.forward
+    small.runtime.forward = lambda inp, cache: (held.append(small.kv_usage().held), forward(inp, cache))[1]
+    got = small.generate_batch(prompts, **kwargs)
     assert [r.tokens for r in got] == [r.tokens for r in want]
-    assert max(batch_sizes) == 3
-    cache = budget.runtime._cache
-    assert 2 * cache.k.numel() * cache.k.element_size() <= budget.runtime.kv_cache_bytes
-    tiny = packed_ss.Engine(model, schedule="packed", width=3, kv_cache_bytes=slot // 2)
-    with pytest.raises(ValueError, match=rf"request 0: its K/V cache \(256 positions, {slot} bytes\) exceeds "
-                                         rf"kv_cache_bytes {slot // 2}"):
-        tiny.generate(PROMPTS[0], max_new_tokens=10)
+    usage = small.kv_usage()
+    assert usage.preemptions > 0 and max(batch_sizes) >= 3
+    assert max(held) <= usage.pages and usage.held == 0
+    streamed = [[] for _ in prompts]                  # the tokens streamed before and after a preemption
+    for i, tokens in small.stream_batch(prompts, **kwargs):
+        streamed[i] += tokens
+    assert streamed == [r.tokens for r in want] and small.kv_usage().preemptions > usage.preemptions
+    tiny = packed_ss.Engine(model, schedule="packed", width=3, kv_cache_bytes=3 * page_bytes)
+    with pytest.raises(ValueError, match=rf"request 0: its K/V cache \(3 pages, {3 * page_bytes} bytes\) exceeds "
+                                         rf"the K/V pool \(2 pages, kv_cache_bytes {3 * page_bytes}\)"):
+        tiny.generate(PROMPTS[0], max_new_tokens=30)
     with pytest.raises(ValueError, match=r"kv_cache_bytes must be an integer >= 1, got 0"):
         packed_ss.Engine(model, width=3, kv_cache_bytes=0)
 
 
 def test_a_request_too_long_for_the_cache_joins_a_longer_one(model, batch_sizes):
-    """A stream runs in a batch whose cache holds 256 positions; a request of 250 prompt tokens + 40 new joins
-    it: the batch moves to a 512-position cache (the running request's K/V copied) instead of making the
-    newcomer wait for it to drain, and both get what they get alone."""
+    """A stream runs in a batch whose page table holds 256 cache slots per request; a request of 250 prompt tokens
+    + 40 new joins it: the batch moves to a 512-slot table (the running request's pages change tables, its K/V
+    stays where it is) instead of making the newcomer wait for it to drain, and both get what they get alone."""
     engine = packed_ss.Engine(model, schedule="packed", width=3)
     short = dict(prompt_ids=PROMPTS[0], max_new_tokens=60, eos_token_id=[], temperature=1.0, seed=1)
     long = dict(prompt_ids=[i % 90 + 1 for i in range(250)], max_new_tokens=40, eos_token_id=[], temperature=1.0,

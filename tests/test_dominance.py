@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import packed_ss
-from packed_ss.model import KVCache
 
 VOCAB, MASK = 32, 31
 
@@ -30,9 +29,8 @@ class ScriptedModel:
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self.draft_profile = None   # no drafter profile: the engine's defaults
 
-    def new_cache(self, capacity, batch=None):
-        shape = (1, *([batch] if batch else []), 1, capacity, 1)
-        return KVCache(torch.zeros(shape), torch.zeros(shape))
+    def kv_pools(self, pages, page_size):
+        return torch.zeros(1, pages, page_size, 1, 1), torch.zeros(1, pages, page_size, 1, 1)
 
     def __call__(self, tokens, positions, layout, cache, cache_len, attend=None):
         """The engine's calls are batches [B, R]: request by request."""

@@ -66,17 +66,20 @@ def test_any_order_graph_loop_matches_eager(eager_graphs, schedule, order):
 
 
 def test_graph_batch_follows_the_requests(eager_graphs):
-    """Graph mode sizes a batch's cache from its requests (next power of two, at least 256 tokens), not from
-    max_seq_len, and captures a larger batch when a longer request comes; outputs equal eager decoding."""
+    """Graph mode sizes a batch's page table from its requests (next power of two, at least 256 cache slots), not
+    from max_seq_len, and captures a larger batch when a longer request comes; outputs equal eager decoding."""
     model = packed_ss.load_model(checkpoint("llama-gqa"), dtype=torch.float32)
     eager = packed_ss.Engine(model, schedule="packed", width=3)
     graphed = packed_ss.Engine(model, schedule="packed", width=3, max_seq_len=4096)
     graphed.runtime.mode = "graph"
+    scheduler = graphed.runtime.scheduler(graphed.program(SamplingParams(temperature=1.0)))
     for prompt, new, capacity in ((PROMPT, 20, 256), (list(range(1, 90)) * 3, 60, 512), (PROMPT, 20, 512)):
         kwargs = dict(max_new_tokens=new, eos_token_id=[], temperature=1.0, seed=1)
-        assert graphed.generate(prompt, **kwargs).tokens == eager.generate(prompt, **kwargs).tokens
-        assert graphed.runtime._cache.capacity == capacity
-    assert len(graphed.runtime._batches) == 1       # the batch on the outgrown buffer was dropped
+        stream = graphed.stream(prompt, **kwargs)
+        tokens = next(stream)
+        assert scheduler.batch.capacity == capacity
+        tokens += [t for block in stream for t in block]
+        assert tokens == eager.generate(prompt, **kwargs).tokens
 
 
 @pytest.mark.parametrize("schedule", ["linear", "packed"])

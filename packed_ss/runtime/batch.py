@@ -1,14 +1,21 @@
-"""What a scheduler's requests decode on: one batch-major state (a row per slot), the batch's cache, its poll,
-and the iteration (every step of the program for the first `size` slots, then the publish) as one call,
-run eagerly, compiled, or replayed from a CUDA graph."""
+"""What a scheduler's requests decode on: one batch-major state (a row per slot), the batch's page table into
+the runtime's K/V pool (kv_pool.py), its poll, and the iteration (every step of the program for the first
+`size` slots, then the publish) as one call, run eagerly, compiled, or replayed from a CUDA graph.
+
+A slot's row of the table names pages only while its request takes part in the iterations: every other row
+names the null page, so the anchors an idle row's calls write (idle rows ride along, changing no state) land
+where no request reads."""
 from __future__ import annotations
 
 from typing import Callable
+
+import torch
 
 from ..model.dual_mode import KVCache
 from .graphs import CapturedIteration
 from .poll import Poll
 from .request import Request
+from .staging import staged
 
 CACHE_QUANTUM = 256
 
@@ -51,11 +58,17 @@ class Shape:
 
 
 class Batch:
-    """A batch of `slots` rows: the state, the cache ([layers, slots, ...]), the poll and the iterations."""
+    """A batch of `slots` rows: the state, the page table ([slots, capacity / page_size] over the runtime's pool)
+    with its host copy `pages` (each slot's pages, in order), the poll and the iterations."""
 
-    def __init__(self, runtime, program, slots: int, shape: Shape, cache: KVCache, tokens: int):
-        self.runtime, self.program, self.shape, self.cache = runtime, program, shape, cache
-        self.tokens = tokens            # prompt + new tokens a request may have
+    def __init__(self, runtime, program, slots: int, shape: Shape, capacity: int):
+        self.runtime, self.program, self.shape = runtime, program, shape
+        self.pool = runtime.pool
+        self.tokens = capacity - program.reserve      # prompt + new tokens a request may have
+        self.table = torch.zeros(slots, -(-capacity // self.pool.page_size), dtype=torch.int64,
+                                 device=runtime.model.device)
+        self.pages: list[list[int]] = [[] for _ in range(slots)]
+        self.cache = KVCache(self.pool.k, self.pool.v, self.table)
         one = program.new_state(Request([], shape.max_new, 0, [], []), **shape.kwargs())
         shape.out_len = one.out.shape[1]             # the program's padding
         self.state = type(one).cat([one] * slots)
@@ -64,7 +77,6 @@ class Batch:
         # one batch iteration's: at most 2B + 1 tokens.
         self.poll = Poll(runtime.model.device, 2 * program.block + 1, slots)
         self.clock = Clock()
-        self.shared_cache = True                     # on the runtime's shared cache (set by Runtime.hold)
         self.size = 0                                # the first `size` slots take part in the calls
         self._iterations: dict[tuple[int, int], tuple[Callable[[], None], Callable[[], None]]] = {}
 
@@ -108,19 +120,40 @@ class Batch:
             self._iterations[key] = self._build(self.size, shape)
         self._iterations[key][0 if first else 1]()
 
+    # -- pages ------------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Cache positions per request."""
+        return self.cache.capacity
+
+    def give(self, slot: int, pages: list[int]) -> None:
+        """`pages` join the end of the slot's pages (its table row names them from the next call on)."""
+        start = len(self.pages[slot])
+        self.pages[slot] = self.pages[slot] + pages
+        self.table[slot, start:start + len(pages)] = staged(torch.tensor(pages, dtype=torch.int64),
+                                                             self.table.device)
+
+    def free(self, slot: int) -> list[int]:
+        """The slot's pages, which it no longer holds (its table row names the null page again)."""
+        pages, self.pages[slot] = self.pages[slot], []
+        self.table[slot].zero_()
+        return pages
+
     def move(self, src: int, dst: int) -> None:
-        """The request in slot `src` continues in slot `dst` (device copies); `src` is left done."""
+        """The request in slot `src` continues in slot `dst` (its state row and table row move; no K/V is
+        copied); `src` is left done, naming no page."""
         self.state.move(src, dst)
-        self.cache.k[:, dst].copy_(self.cache.k[:, src])
-        self.cache.v[:, dst].copy_(self.cache.v[:, src])
+        self.table[dst].copy_(self.table[src])
+        self.pages[dst] = self.free(src)
         self.poll.move(src, dst)
         self.state.done[src].fill_(True)
 
     def take(self, other: "Batch", src: int, dst: int) -> None:
         """The request in slot `src` of `other`, a batch of the same state shapes, continues in slot `dst` of this
-        one (device copies: a batch that grows, in slots or in cache length)."""
+        one (a batch that grows, in slots or in cache length): its state row and table row are copied, its pages
+        change hands, no K/V is copied."""
         self.state.slot(dst).copy_(other.state.slot(src))
-        n = min(self.cache.capacity, other.cache.capacity)       # a batch with a longer cache: the old length
-        self.cache.k[:, dst, :, :n].copy_(other.cache.k[:, src, :, :n])
-        self.cache.v[:, dst, :, :n].copy_(other.cache.v[:, src, :, :n])
+        n = other.table.shape[1]
+        self.table[dst, :n].copy_(other.table[src])
+        self.pages[dst] = other.free(src)
         self.poll.start[dst].copy_(other.poll.start[src])

@@ -1,4 +1,4 @@
-"""The decode loop both orders share: the model call, the runners (eager, compiled, CUDA graphs), the cache,
+"""The decode loop both orders share: the model call, the runners (eager, compiled, CUDA graphs), the K/V pool,
 and a scheduler per program (scheduler.py) that every caller's requests join.
 
 The batch is one state (decode/state.py: every field has a leading batch dimension, a row per slot), so a
@@ -11,8 +11,7 @@ delivers them (when streamed) and returning their GenerateResults; `Engine.gener
 `generate_batch` and `stream_batch` are all this loop. Requests of several callers with the same program
 (generators consumed in turn, threads) decode in one batch; steps run under the runtime's lock, released
 while a caller yields, and a caller closed early aborts its own requests only. Schedulers of different
-programs (other sampling settings) take turns, each on a cache of its own (the runtime's shared one when no
-other holds it).
+programs (other sampling settings) take turns, each batch with its own page table into the one pool.
 """
 from __future__ import annotations
 
@@ -24,11 +23,13 @@ from typing import Callable, Iterator
 import torch
 
 from ..model.attention import Layout
-from ..model.dual_mode import DualModeModel, KVCache
+from ..model.dual_mode import PAGE_SIZE, DualModeModel, KVCache, own_cache
 from .batch import CACHE_QUANTUM, Batch, Clock, Shape, padded
+from .kv_pool import KVPool, KVUsage, pool_pages
 from .program import ModelInput, Step
+from .admission import MAX_SLOTS
 from .request import GenerateResult, Request
-from .scheduler import MAX_SLOTS, Group, Scheduler
+from .scheduler import Group, Scheduler
 from .staging import staged
 
 MODES = ("eager", "compile", "graph")
@@ -47,12 +48,14 @@ class Runtime:
     CUDA graph and replayed ("graph": its steps compiled inside the graph too when `compile_backend` is set,
     so a replay launches fused kernels). `prefill_chunk`: the most prompt tokens one call prefills; a longer
     prompt enters its cache in chunks of that many, one per scheduler step (scheduler.py). `kv_cache_bytes`:
-    the most bytes a batch's K/V cache may take (None: no limit); a scheduler runs fewer requests at once
-    rather than exceed it."""
+    the size of the K/V pool all its batches share (kv_pool.py; None: a fraction of the device's memory,
+    `pool_pages`), in pages of `page_size` cache positions; a scheduler admits requests while the pool has
+    pages for them and preempts the latest when a running one needs a page it cannot have. `prefix_cache`:
+    prompts share the published pages of earlier requests' prompts and outputs (kv_pool.py)."""
 
     def __init__(self, model: DualModeModel, attend, mode: str = "eager", compile_backend: str | None = None,
                  max_seq_len: int | None = None, prefill_chunk: int = PREFILL_CHUNK,
-                 kv_cache_bytes: int | None = None):
+                 kv_cache_bytes: int | None = None, page_size: int = PAGE_SIZE, prefix_cache: bool = True):
         if mode == "compile" and compile_backend is None:
             raise ValueError("mode 'compile' needs a compile backend")
         self.model, self.attend, self.mode, self.compile_backend = model, attend, mode, compile_backend
@@ -61,9 +64,8 @@ class Runtime:
             dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         self.prefill_chunk = prefill_chunk
-        self.kv_cache_bytes = kv_cache_bytes
-        self._cache: KVCache | None = None
-        self._cache_held = False                      # a running batch holds the shared cache
+        self.kv_cache_bytes, self.page_size, self.prefix_cache = kv_cache_bytes, page_size, prefix_cache
+        self._pool: KVPool | None = None
         self._lock = threading.RLock()
         self._compiled: dict[int, tuple] = {}         # id(step) -> (step, its compiled call)
         self._batches: dict[tuple, Batch] = {}        # (id(program), slots) -> persistent batch (graph mode)
@@ -143,7 +145,7 @@ class Runtime:
             start.cache_len.fill_(cached)
             start.draft_len.fill_(program.width)
             st = type(one).cat([start])                   # a copy, reset before every iteration
-            cache = self.model.new_cache(cached + program.reserve, batch=batch)
+            cache = own_cache(self.model, cached + program.reserve, batch)
             times = [[] for _ in priced]
             for _ in range(COST_REPS + 3):                # in rounds, every shape once: a busy spell hits them all
                 for steps, timed in zip(priced, times):
@@ -158,110 +160,69 @@ class Runtime:
                 cost.append(1e3 * min(timed[3:]))
         return [tuple(c) for c in costs]
 
-    # -- the cache -------------------------------------------------------------------------------------
-    def cache_for(self, capacity: int, slots: int = 1, private: bool = False) -> KVCache:
-        """A view of the runtime's cache, [layers, slots, ...], with room for `capacity` slots per request
-        (rounded up to CACHE_QUANTUM). The buffer only grows; a shorter request gets a shorter view, so the
-        reference backend's attention cost follows this batch's length, not the longest so far. `private`: a
-        new buffer of that size (for a batch that runs while another holds the shared one)."""
-        capacity = CACHE_QUANTUM * math.ceil(capacity / CACHE_QUANTUM)
-        if private:
-            return self.model.new_cache(capacity, batch=slots)
-        cache = self._cache
-        if cache is None or cache.capacity < capacity or cache.k.shape[1] < slots:
-            grown = max(capacity, cache.capacity if cache else 0), max(slots, cache.k.shape[1] if cache else 0)
-            if self.max_slots(grown[0]) < grown[1]:       # both maxima together exceed the budget: this shape
-                grown = capacity, slots
-            self._cache = cache = None                    # the old buffer goes before the new one is made
-            self._cache = cache = self.model.new_cache(grown[0], batch=grown[1])
-        return KVCache(cache.k[:, :slots, :, :capacity], cache.v[:, :slots, :, :capacity])
+    # -- the K/V pool and batches ------------------------------------------------------------------------
+    @property
+    def pool(self) -> KVPool:
+        """The K/V pool every batch of this runtime takes pages from, made at its full size when first needed."""
+        if self._pool is None:
+            cap = MAX_SLOTS * (self.max_seq_len + CACHE_QUANTUM)      # more than any batch could ever hold
+            self._pool = KVPool(self.model, pool_pages(self.model, self.page_size, cap, self.kv_cache_bytes),
+                                self.page_size)
+        return self._pool
 
-    def slot_bytes(self, capacity: int) -> int:
-        """K/V bytes of one slot of `capacity` positions."""
-        c = self.model.cfg
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * capacity * self.model.dtype.itemsize
+    def kv_usage(self) -> KVUsage:
+        return self.pool.usage(sum(scheduler.preemptions for _, scheduler in self._schedulers.values()))
 
-    def max_slots(self, capacity: int) -> int:
-        """The most slots of `capacity` positions a batch may have within the K/V budget (MAX_SLOTS without
-        one; compiled and captured steps: a power of two; 0: not even one)."""
-        if self.kv_cache_bytes is None:
-            return MAX_SLOTS
-        most = min(MAX_SLOTS, self.kv_cache_bytes // self.slot_bytes(capacity))
-        return most if self.mode == "eager" or most == 0 else 1 << (most.bit_length() - 1)
+    def pages_for(self, tokens: int) -> int:
+        """Pages that hold `tokens` cache positions."""
+        return -(-tokens // self.page_size)
 
     def capacity(self, program, requests: list[Request]) -> int:
-        """Cache positions per slot of a batch made for `requests` (and the program's reserve): rounded up to
+        """Cache positions per request of a batch made for `requests` (and the program's reserve): rounded up to
         CACHE_QUANTUM, or, in graph mode, to a power of two (at least CACHE_QUANTUM, at most max_seq_len),
-        so that few shapes are captured as requests grow."""
+        so that few shapes are captured as requests grow. It sizes the page table, not the memory held."""
         need = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
         if self.mode == "graph":
             return min(self.max_seq_len + program.reserve, padded(max(CACHE_QUANTUM, need)))
         return CACHE_QUANTUM * math.ceil(need / CACHE_QUANTUM)
 
-    # -- batches ---------------------------------------------------------------------------------------
     def batch_size(self, requests: int) -> int:
         """The slots a step runs over for `requests` requests: that many eagerly; compiled and captured steps
         the next power of two (few sizes compiled or captured, the padding slots idle)."""
         return requests if self.mode == "eager" else padded(max(1, requests))
 
     def hold(self, program, requests: list[Request], slots: int) -> Batch:
-        """State, cache and poll for `slots` requests at a time (compiled and graph modes: padded to a power of
-        two, few sizes compiled or captured, the padding slots idle), held by a scheduler until `release`,
-        sized for `requests`: output buffers and stop tables for the longest, the cache for the longest prompt
-        + new tokens (and the program's reserve), rounded up to CACHE_QUANTUM (eager, compiled) or a power of
-        two (graph mode: at least CACHE_QUANTUM, at most max_seq_len; the graph loop keeps one persistent
-        batch per program and slot count, captured again when a longer request comes). While another batch
-        holds the shared cache, this one gets a cache (and graphs) of its own."""
-        private = self._cache_held
+        """State, page table and poll for `slots` requests at a time (compiled and graph modes: padded to a power
+        of two, few sizes compiled or captured, the padding slots idle), held by a scheduler for a busy period,
+        sized for `requests`: output buffers and stop tables for the longest, the table for the longest prompt
+        + new tokens (and the program's reserve). The graph loop keeps one persistent batch per program and slot
+        count, captured again when a longer request comes."""
         slots = self.batch_size(slots)
         capacity = self.capacity(program, requests)
-        tokens = capacity - program.reserve
         if self.mode != "graph":
-            batch = Batch(self, program, slots, Shape.for_requests(requests), self.cache_for(capacity, slots, private),
-                          tokens)
-        else:
-            key = (id(program), slots)
-            batch = None if private else self._batches.get(key)
-            if batch is None or not all(batch.fits(r) for r in requests):
-                batch = Batch(self, program, slots, Shape.for_requests(requests, tokens),
-                              self.cache_for(capacity, slots, private), tokens)
-                self._keep(key, batch, private)
+            return Batch(self, program, slots, Shape.for_requests(requests), capacity)
+        key = (id(program), slots)
+        batch = self._batches.get(key)
+        if batch is None or not all(batch.fits(r) for r in requests):
+            batch = self._batches[key] = Batch(self, program, slots,
+                                               Shape.for_requests(requests, capacity - program.reserve), capacity)
         batch.size = 0
-        batch.shared_cache = not private
-        self._cache_held |= not private
         return batch
 
     def regrow(self, old: Batch, slots: int, capacity: int | None = None) -> Batch:
-        """A batch like `old` (shapes, the same hold on the shared cache) with more slots, or a longer cache
-        (`capacity` positions per slot)."""
+        """A batch like `old` (its shapes) with more slots, or a longer page table (`capacity` cache positions per
+        request)."""
         slots = self.batch_size(slots)
-        private = not old.shared_cache
-        capacity = max(capacity or 0, old.cache.capacity)
-        cache = self.cache_for(capacity, slots, private)
-        batch = Batch(self, old.program, slots, old.shape, cache, cache.capacity - old.program.reserve)
+        batch = Batch(self, old.program, slots, old.shape, max(capacity or 0, old.capacity))
         if self.mode == "graph":
-            self._keep((id(old.program), slots), batch, private)
-        batch.shared_cache = old.shared_cache
+            self._batches[(id(old.program), slots)] = batch
         return batch
-
-    def _keep(self, key: tuple, batch: Batch, private: bool) -> None:
-        """Keep a graph batch for the next busy period; batches on a buffer the shared cache outgrew would keep
-        it alive: drop them."""
-        if private:
-            return
-        current = self._cache.k.untyped_storage().data_ptr()
-        self._batches = {k: b for k, b in self._batches.items()
-                         if b.cache.k.untyped_storage().data_ptr() == current}
-        self._batches[key] = batch
-
-    def release(self, batch: Batch) -> None:
-        if batch.shared_cache:
-            self._cache_held = False
 
     # -- a caller's requests ---------------------------------------------------------------------------
     def scheduler(self, program) -> Scheduler:
         if id(program) not in self._schedulers:
-            self._schedulers[id(program)] = (program, Scheduler(self, program))   # holding it keeps its id
+            # holding the program keeps its id
+            self._schedulers[id(program)] = (program, Scheduler(self, program, self.prefix_cache))
         return self._schedulers[id(program)][1]
 
     def add(self, program, requests: list[Request], slots: int = 1, stream: bool = True) -> Group:

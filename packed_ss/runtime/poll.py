@@ -29,6 +29,7 @@ class Status:
     seq: int                   # which publish this is (0: after the first prefills), to tell requests apart
     done: list[bool]           # per slot
     hold: list[bool]
+    n_out: list[int]           # per slot, the output length
     choice: list[int]          # per slot, the call shape the request chose for the next iteration
     quiet: list[int]           # per slot, the calls the request stays quiet for
     tokens: list[list[int]]    # per slot, the tokens the iteration appended to its output
@@ -90,8 +91,8 @@ class Poll:
         if self.cuda:
             self.events[buffer].synchronize()
         rows = self.host[buffer].tolist()
-        return Status(seq, [bool(r[0]) for r in rows], [bool(r[1]) for r in rows], [r[4] for r in rows],
-                      [r[5] for r in rows], [r[HEADER:][:r[2] - r[3]] for r in rows])
+        return Status(seq, [bool(r[0]) for r in rows], [bool(r[1]) for r in rows], [r[2] for r in rows],
+                      [r[4] for r in rows], [r[5] for r in rows], [r[HEADER:][:r[2] - r[3]] for r in rows])
     def fetch(self, t: torch.Tensor) -> list:
         """A tensor's values on the host through a pinned copy and an event wait (no implicit sync): for
         what a request reads once at its end."""

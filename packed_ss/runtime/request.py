@@ -24,6 +24,7 @@ class GenerateResult:
     n_bonus: int = 0      # verifications that accepted their whole (non-empty) draft and emitted the bonus token
     accepted_at: list[int] | None = None   # per draft position k: verifications that accepted draft token k
     iterations: list | None = None   # any-order models: per iteration order, A_t, rows (any_order.Iteration)
+    cached_tokens: int = 0   # prompt tokens whose K/V came from the prefix cache (not prefilled)
 
     @property
     def tokens_per_nfe(self) -> float:

@@ -36,6 +36,7 @@ class Schedule:
     """
     name = ""
     proposes = True
+    cache_in_order = True   # committed cache slot len(prompt) + i holds output token i (the prefix cache's test)
 
     def __init__(self, model, width: int, params: SamplingParams, epilogue: Epilogue,
                  draft_source: str | None = "diffusion"):

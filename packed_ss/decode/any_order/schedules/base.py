@@ -44,6 +44,7 @@ class AnyOrderSchedule:
     name = ""
     verifies = True   # counts toward n_verify / n_accepted
     max_batch = 1     # requests in a batch: a call's layout follows its request's own window
+    cache_in_order = False   # the cache holds accepted tokens in acceptance order, not output order
 
     def __init__(self, model, width: int, params: SamplingParams, epilogue: Epilogue, order: str = "ltr",
                  n_pending: int | None = None):

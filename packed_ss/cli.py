@@ -31,6 +31,7 @@ FORWARDED = {    # commands that parse their own options (the lab's, the server)
     "bench-adaptive": ("lab.bench.adaptive", "the default (adaptive) engine against AR and the best fixed "
                                              "configuration, per sampling setting and batch size"),
     "bench-samplers": ("lab.bench.samplers", "the rejection rule against shared noise (tokens per call, speed)"),
+    "bench-prefix": ("lab.bench.prefix", "the prefix cache's time to first token and the memory a batch holds"),
     "bench-serve": ("lab.bench.serve", "the server on loopback against generate_batch (throughput, latency)"),
     "bench-scale": ("lab.bench.scale", "a released model's dimensions with random weights: latency, roofline, "
                                        "projected tokens/s"),

@@ -1,0 +1,166 @@
+"""Prefix cache and paged K/V benchmark: time to first token with a cached prefix, and the memory a batch holds.
+
+    python -m packed_ss bench-prefix --model smollm2-135m --out DIR [options]
+    python -m packed_ss bench-prefix --quick --out DIR                       (the shipped model, about a minute)
+
+1. Time to first token. A `--prefix`-token head (Python standard-library source, tokenized) is decoded once by an
+   engine with the prefix cache, so its pages are published; then, round by round, a request of that head and
+   a fresh `--suffix`-token tail is streamed by that engine (a hit: only the tail and the head's partial last
+   page are prefilled) and by one with the prefix cache off (the whole prompt prefilled), in alternating order.
+   Reported: the median time to the first streamed token of each and the ratio hit / miss per round (median
+   and a bootstrap 95% interval over rounds), and the tokens of both (the same in float64; in lower precision
+   up to the rounding of a call of other rows).
+2. Memory. `--batch` requests of ragged prompts (8 to `--prefix` tokens) and caps stream together; after every
+   iteration, the bytes of K/V pages the pool holds against the bytes the live requests' tokens need (prompt +
+   output so far): the excess per request, in cache positions, against one page plus the rows one call may
+   write (the program's reserve). Writes DIR/prefix.json and DIR/prefix.md.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...decode.sampling import SamplingParams
+from ...engine import Engine
+from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
+from ...model.sources import resolve_model
+from ...model.tokenizer import load_tokenizer
+from .options import bench_parser, cpu_name
+from .stats import bootstrap_counts
+
+FULL = dict(prefix=1024, suffix=8, rounds=12, batch=8, max_new_tokens=64)
+QUICK = dict(prefix=448, suffix=8, rounds=4, batch=4, max_new_tokens=24)
+
+
+def head_tokens(tokenizer, n: int) -> list[int]:
+    """`n` tokens of Python standard-library source (a text every installation has)."""
+    text = inspect.getsource(inspect)
+    ids = tokenizer.encode(text).ids
+    if len(ids) < n:
+        raise ValueError(f"--prefix must be at most {len(ids)} tokens here, got {n}")
+    return ids[:n]
+
+
+def first_token_s(engine: Engine, prompt: list[int]) -> tuple[float, list[int]]:
+    """Seconds from the call to the first streamed tokens, and the request's tokens (greedy, 4 of them)."""
+    began = time.perf_counter()
+    stream = engine.stream(prompt, max_new_tokens=4, eos_token_id=[])
+    first = next(stream)
+    elapsed = time.perf_counter() - began
+    return elapsed, first + [t for tokens in stream for t in tokens]
+
+
+def time_to_first_token(model, tokenizer, args) -> dict:
+    head = head_tokens(tokenizer, args.prefix)
+    vocab = model.cfg.vocab_size
+    rng = np.random.default_rng(0)
+    hit_engine, miss_engine = Engine(model, schedule="ar"), Engine(model, schedule="ar", prefix_cache=False)
+    first_token_s(hit_engine, head + [int(t) for t in rng.integers(100, vocab - 100, args.suffix)])   # publish
+    first_token_s(miss_engine, head[:16])                                                           # warm up
+    hit, miss, same = [], [], 0
+    for r in range(args.rounds):
+        prompt = head + [int(t) for t in rng.integers(100, vocab - 100, args.suffix)]
+        order = [(hit_engine, hit), (miss_engine, miss)][:: 1 if r % 2 else -1]
+        outputs = []
+        for engine, times in order:
+            seconds, tokens = first_token_s(engine, prompt)
+            times.append(seconds)
+            outputs.append(tokens)
+        same += outputs[0] == outputs[1]
+    ratio = np.array(hit) / np.array(miss)
+    counts = bootstrap_counts(args.rounds, 20000, 0)
+    boot = (counts @ ratio) / counts.sum(1)
+    usage = hit_engine.kv_usage()
+    return {"prefix": args.prefix, "suffix": args.suffix, "rounds": args.rounds, "hit_s": hit, "miss_s": miss,
+            "hit_median_s": float(np.median(hit)), "miss_median_s": float(np.median(miss)),
+            "ratio_median": float(np.median(ratio)), "ratio_mean": float(ratio.mean()),
+            "ratio_lo": float(np.percentile(boot, 2.5)), "ratio_hi": float(np.percentile(boot, 97.5)),
+            "same_tokens": same, "hit_rate": usage.hit_rate}
+
+
+def memory(model, tokenizer, args) -> dict:
+    """Pool bytes held against the live tokens' bytes after every iteration of a ragged streamed batch."""
+    head = head_tokens(tokenizer, args.prefix)
+    rng = np.random.default_rng(1)
+    lengths = [int(n) for n in rng.integers(8, args.prefix + 1, args.batch)]
+    prompts = [head[:n] for n in lengths]
+    caps = [int(c) for c in rng.integers(args.max_new_tokens // 4, args.max_new_tokens + 1, args.batch)]
+    engine = Engine(model, schedule="packed", width=7, prefix_cache=False)
+    program = engine.program(SamplingParams())
+    usage = engine.kv_usage()
+    received = [0] * args.batch
+    samples = []
+    for i, tokens in engine.stream_batch(prompts, max_new_tokens=caps, eos_token_id=[]):
+        received[i] += len(tokens)
+        live = [j for j in range(args.batch) if received[j] < caps[j]]
+        if live:
+            held_slots = engine.kv_usage().held * usage.page_size
+            need = sum(lengths[j] + received[j] for j in live)
+            samples.append((held_slots - need) / len(live))
+    per_token = usage.page_bytes // usage.page_size
+    return {"batch": args.batch, "prompt_lengths": lengths, "caps": caps, "page_size": usage.page_size,
+            "bytes_per_token": per_token, "reserve": program.reserve, "block": program.block,
+            "excess_slots_per_request_max": max(samples), "excess_slots_per_request_mean": float(np.mean(samples)),
+            "bound_slots": usage.page_size + program.reserve,
+            "contiguous_slots_per_request": float(np.mean([(n + c + program.reserve + 255) // 256 * 256
+                                                            for n, c in zip(lengths, caps)]))}
+
+
+def report(result: dict) -> str:
+    t, m, machine = result["ttft"], result["memory"], result["machine"]
+    return "\n".join([
+        f"{machine['model']} ({machine['dtype']}), {machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}",
+        "",
+        f"Time to first token, a {t['prefix']}-token head cached vs not (+{t['suffix']} fresh tokens, {t['rounds']} "
+        "paired rounds, schedule ar):",
+        "",
+        "| | median s | ratio hit / miss [95%] | same tokens |",
+        "|---|---:|---|---:|",
+        f"| prefix cache hit | {t['hit_median_s']:.3f} | {t['ratio_mean']:.3f} [{t['ratio_lo']:.3f}, {t['ratio_hi']:.3f}] "
+        f"| {t['same_tokens']} / {t['rounds']} |",
+        f"| miss (prefix cache off) | {t['miss_median_s']:.3f} | | |",
+        "",
+        f"Memory: {m['batch']} ragged requests streamed together (Packed-SS W = 7, pages of {m['page_size']} positions, "
+        f"{m['bytes_per_token']} bytes per cache position): pages held beyond the live tokens, per request, "
+        f"max {m['excess_slots_per_request_max']:.1f} and mean {m['excess_slots_per_request_mean']:.1f} positions "
+        f"(bound: a page + the rows one call may write, its reserve = {m['bound_slots']}); a contiguous cache "
+        f"sized as before paging would reserve {m['contiguous_slots_per_request']:.0f} positions per request.",
+    ]) + "\n"
+
+
+def main(argv=None) -> int:
+    p = bench_parser("python -m packed_ss bench-prefix", __doc__)
+    p.add_argument("--out", type=Path, required=True, help="output directory (prefix.json, prefix.md)")
+    p.add_argument("--model", default=None, help="model directory, GGUF file or name (default: the shipped model)")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help="weights' dtype (default auto)")
+    p.add_argument("--quick", action="store_true", help=f"about a minute: defaults become {QUICK}")
+    for key in FULL:
+        p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default {FULL[key]}")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    args = p.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    torch.set_num_threads(args.threads)
+    path = resolve_model(args.model)
+    model = load_model(path, dtype=dtype_named(args.dtype))
+    tokenizer = load_tokenizer(path)
+    if args.prefix + args.suffix + 8 > model.cfg.max_seq_len:
+        p.error(f"--prefix + --suffix must leave room in the model's {model.cfg.max_seq_len} positions")
+    print(f"bench-prefix: {path.name}, dtype {dtype_said(model)}", file=sys.stderr)
+    result = {"machine": {"model": path.name, "dtype": str(model.dtype).removeprefix("torch."), "cpu": cpu_name(),
+                          "processor": platform.processor(), "threads": args.threads, "torch": torch.__version__},
+              "options": {k: getattr(args, k) for k in FULL},
+              "ttft": time_to_first_token(model, tokenizer, args), "memory": memory(model, tokenizer, args)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "prefix.json").write_text(json.dumps(result, indent=1))
+    (args.out / "prefix.md").write_text(report(result))
+    print(report(result))
+    return 0

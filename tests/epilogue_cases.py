@@ -17,7 +17,7 @@ from scipy.stats import chi2
 
 from packed_ss.decode.epilogue import NativeEpilogue, make_epilogue
 from packed_ss.decode.sampling import SamplingParams, densify, sample_sparse, truncated_probs
-from packed_ss.decode.schedules import SCHEDULES
+from packed_ss.decode.registry import schedules
 from packed_ss.decode.state import DecodeState
 
 PARAMS = [SamplingParams(), SamplingParams(1.0), SamplingParams(0.7, top_k=3), SamplingParams(1.3, top_p=0.8),
@@ -49,7 +49,7 @@ class Case:
     def run(self, native: bool, device="cpu") -> DecodeState:
         """A copy of the state after the step, with the torch reference or the compiled epilogue."""
         epilogue = make_epilogue("native" if native else "torch", device, self.width, self.params)
-        sched = SCHEDULES[self.schedule](self.model(device), self.width, self.params, epilogue)
+        sched = schedules()[self.schedule](self.model(device), self.width, self.params, epilogue)
         st = clone(self.state, device)
         if self.step == "prefill":
             step = sched.prefill(torch.zeros(self.prompt_len, dtype=torch.int64))

@@ -11,7 +11,7 @@ import torch
 from tiny_models import checkpoint
 
 from packed_ss import SamplingParams, load_model
-from packed_ss.decode.any_order.schedules import SCHEDULES
+from packed_ss.decode.registry import schedules
 from packed_ss.decode.epilogue import TorchEpilogue
 from packed_ss.model.attention import packed_attention_ref
 from packed_ss.runtime import Request, Runtime
@@ -50,7 +50,7 @@ def _decode(runtime, program, prompt, stops):
                          ids=[f"{s}-{o}-{'greedy' if p.greedy else 'sampled'}-{b}" for s, o, p, b in CASES])
 def test_compiled_steps_equal_eager(model, schedule, order, params, backend):
     """Runtime modes "eager" and "compile" (each step: input, model call, update) give the same run."""
-    program = SCHEDULES[schedule](model, 3, params, TorchEpilogue(model.device, 3, params), order)
+    program = schedules(any_order=True)[schedule](model, 3, params, TorchEpilogue(model.device, 3, params), order)
     eager = Runtime(model, packed_attention_ref)
     compiled = Runtime(model, packed_attention_ref, "compile", backend)
     for prompt in PROMPTS[:1]:   # each new shape (cache, stop table) compiles again
@@ -69,12 +69,12 @@ def no_host_reads(monkeypatch):
         yield
 
 
-@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("schedule", sorted(schedules(any_order=True)))
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_steps_read_nothing_and_freeze_after_done(model, monkeypatch, schedule, params):
     if not params.greedy and schedule == "threshold":
         pytest.skip("the threshold decoder is greedy")
-    sched = SCHEDULES[schedule](model, 3, params, TorchEpilogue(model.device, 3, params), "ltr")
+    sched = schedules(any_order=True)[schedule](model, 3, params, TorchEpilogue(model.device, 3, params), "ltr")
     st = sched.new_state(Request(PROMPTS[0], 6, 0, [], [(7, 8)]))
     cache = model.new_cache(64, batch=1)
 
@@ -98,7 +98,7 @@ def test_states_padded_to_the_graph_loops_shapes_decode_alike(model, schedule):
     """The CUDA-graph loop keeps one persistent state per program, made with fixed shapes (output length,
     stop table) and overwritten per request with copy_: requests of any prompt, length and stops get states
     of those shapes, and a padded state decodes exactly as a fresh one."""
-    sched = SCHEDULES[schedule](model, 3, GREEDY, TorchEpilogue(model.device, 3, GREEDY),
+    sched = schedules(any_order=True)[schedule](model, 3, GREEDY, TorchEpilogue(model.device, 3, GREEDY),
                                 "confidence" if schedule != "threshold" else "ltr")
     shape = {"out_len": 64, "stop_slots": 8, "sequence_slots": (4, 8)}
     requests = [Request(PROMPTS[0], 12, 0, [9], [(7, 8)]), Request(PROMPTS[1], 20, 3, [], [(1, 2, 3), (4,)])]

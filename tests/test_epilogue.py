@@ -26,7 +26,7 @@ import packed_ss.decode.epilogue.native as native_mod
 from packed_ss.decode.acceptance import verify_greedy, verify_sampled
 from packed_ss.decode.epilogue import NativeEpilogue, TorchEpilogue, native_available, native_module
 from packed_ss.decode.sampling import SamplingParams, densify, philox_uniform, truncated_probs
-from packed_ss.decode.schedules import SCHEDULES
+from packed_ss.decode.registry import schedules
 from packed_ss.decode.state import DecodeState
 from packed_ss.runtime import Request
 
@@ -220,7 +220,7 @@ def test_stored_q_takes_the_probabilities_dtype():
     model = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32,
                             cfg=SimpleNamespace(mask_token_id=0, vocab_size=11))
     params = SamplingParams(1.0)
-    sched = SCHEDULES["packed"](model, 3, params, TorchEpilogue("cpu", 3, params))
+    sched = schedules()["packed"](model, 3, params, TorchEpilogue("cpu", 3, params))
     assert sched.new_state(Request([1, 2], 4, 0, [], [])).q_prob.dtype == torch.float32
     if native_module() is None:
         pytest.skip("the native epilogue is not built")

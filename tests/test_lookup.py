@@ -10,7 +10,7 @@ from tiny_models import checkpoint, hf_greedy
 import packed_ss
 from packed_ss.decode.lookup import CONTEXT, NGRAMS, continuation, lookup_draft
 from packed_ss.decode.sampling import SamplingParams
-from packed_ss.decode.schedules import SCHEDULES
+from packed_ss.decode.registry import schedules
 from packed_ss.decode.state import DecodeState
 
 
@@ -177,4 +177,4 @@ def test_bad_draft_options(shipped, kwargs, message):
 
 
 def test_every_schedule_is_covered():
-    assert {s for s, _ in DRAFTING} | {"ar", "adaptive"} == set(SCHEDULES)     # adaptive: tests/test_adaptive.py
+    assert {s for s, _ in DRAFTING} | {"ar", "adaptive"} == set(schedules())     # adaptive: tests/test_adaptive.py

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import packed_ss
-from packed_ss.decode.any_order import SCHEDULES as ANY_ORDER_SCHEDULES
 from packed_ss.decode.any_order import serial_reference
-from packed_ss.decode.schedules import SCHEDULES
+from packed_ss.decode.registry import schedules
 from packed_ss.lab.humaneval import tokenized_prompts
 
 MAX_NEW = 48
@@ -36,9 +35,9 @@ def cases(model):
     """(schedule, order, drafts): every drafting schedule with its default drafts and, left to right, the diffusion
     schedules with the adapter's drafts alone (under the default "both", lookup drafts stand in nearly everywhere)."""
     if not model.cfg.any_order:
-        return ([(s, None, None) for s in SCHEDULES if s != "ar"]
+        return ([(s, None, None) for s in schedules() if s != "ar"]
                 + [(s, None, "diffusion") for s in ("linear", "quadratic", "packed")])
-    return [(s, o, None) for s in ANY_ORDER_SCHEDULES if s not in ("ar", "threshold") for o in ("ltr", "confidence")]
+    return [(s, o, None) for s in schedules(any_order=True) if s not in ("ar", "threshold") for o in ("ltr", "confidence")]
 
 
 @pytest.mark.parametrize("width", [3, 8])

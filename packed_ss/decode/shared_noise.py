@@ -89,11 +89,8 @@ class SharedNoise:
             raise ValueError("shared-noise sampling runs a greedy program")
         self.program, self.params = program, params
         self.race = noise_race if isinstance(program.epilogue, NativeEpilogue) else torch_race
-        if hasattr(program, "shapes"):         # an adaptive program: each call shape's steps
-            self.shapes = [[self.perturbed(step) for step in steps] for steps in program.shapes]
-            self.steps = self.shapes[0]
-        else:
-            self.steps = [self.perturbed(step) for step in program.steps]
+        self.shapes = [[self.perturbed(step) for step in steps] for steps in program.shapes]
+        self.steps = self.shapes[0]
 
     def __getattr__(self, name):
         return getattr(self.program, name)

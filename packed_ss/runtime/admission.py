@@ -38,7 +38,7 @@ class Admission:
         return [b for b, r in enumerate(self.running) if r is None and b not in self.prefilling]
 
     def _admit(self) -> None:
-        most = getattr(self.program, "max_batch", None) or MAX_SLOTS
+        most = self.program.max_batch or MAX_SLOTS
         admissible, blocked = self._admissible()
         if self.batch is not None:
             if blocked is not None and self._lengthen(blocked):
@@ -185,7 +185,7 @@ class Admission:
     def _enter(self, first: int, end: int) -> None:
         """A program whose first iteration starts later than its others (`entry`, Linear-SS: its prefill drafted
         already) runs that first iteration now for slots first..end-1, which join a batch already running."""
-        entry, batch = getattr(self.program, "entry", 0), self.batch
+        entry, batch = self.program.entry, self.batch
         if not entry:
             return
         st, cache = batch.state.rows(first, end), batch.cache.rows(first, end)

@@ -97,7 +97,7 @@ class Batch:
         with `shapes` offers several, each a list of steps; others have their `steps`), then the publish."""
         runtime, st = self.runtime, self.state.rows(0, size)
         cache = self.cache.rows(0, size)
-        steps = self.program.shapes[shape] if hasattr(self.program, "shapes") else self.program.steps
+        steps = self.program.shapes[shape]
         runners = [runtime.runner(step, st, cache, self.clock) for step in steps]
 
         def iteration(runs) -> Callable[[], None]:
@@ -108,7 +108,7 @@ class Batch:
             return CapturedIteration(run_all) if runtime.mode == "graph" else run_all
 
         full = iteration(runners)
-        entry = getattr(self.program, "entry", 0)
+        entry = self.program.entry
         return (full if entry == 0 else iteration(runners[entry:])), full
 
     def iterate(self, first: bool, shape: int = 0) -> None:

@@ -145,7 +145,7 @@ class Scheduler(Admission):
 
     def _chosen_shape(self, status) -> int:
         """The next call's shape: an adaptive program's policy picks it from the live rows (Policy.next_call)."""
-        policy = getattr(self.program, "policy", None)
+        policy = self.program.policy
         if policy is None:
             return 0
         seen = [r.slot_at(status.seq) for r in self.running if r is not None]
@@ -200,7 +200,7 @@ class Scheduler(Admission):
         output = rest[1:] if publish else rest
         if publish:
             self.pool.publish(self.batch.pages[slot], (r.request.prompt + output[:n_out])[:rest[0]])
-        extras = self.program.finish(st, poll.fetch) if hasattr(self.program, "finish") else {}
+        extras = self.program.finish(st, poll.fetch)
         # Model time is this request's alone only when it ran alone, eagerly.
         alone = self.runtime.mode == "eager" and not r.shared
         model_s = self.batch.clock.model_s - r.model_s if alone else math.nan

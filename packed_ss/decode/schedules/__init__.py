@@ -1,4 +1,4 @@
-"""Decoding schedules, by name."""
+"""Left-to-right decoding schedules (by name: decode/registry.py)."""
 from .adaptive import Adaptive
 from .ar import AR
 from .base import DRAFT_SOURCES, Schedule
@@ -7,6 +7,4 @@ from .lookup import Lookup
 from .packed import Packed
 from .quadratic import Quadratic
 
-SCHEDULES: dict[str, type[Schedule]] = {s.name: s for s in (AR, Linear, Quadratic, Packed, Lookup, Adaptive)}
-
-__all__ = ["DRAFT_SOURCES", "SCHEDULES", "Schedule"]
+__all__ = ["AR", "Adaptive", "DRAFT_SOURCES", "Linear", "Lookup", "Packed", "Quadratic", "Schedule"]

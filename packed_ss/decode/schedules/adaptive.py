@@ -31,9 +31,14 @@ class Adaptive(Schedule):
             raise ValueError(f"the adaptive schedule needs a Policy of width {width}")
         super().__init__(model, width, params, epilogue, draft_source)
         self.policy = policy
-        self.shapes = [[Step(self._inputs(shape), self._update(i, shape))] for i, shape in enumerate(policy.shapes)]
-        self.shapes.append([Step(self._inputs(AR), self._quiet)])           # index QUIET: the lean AR step
-        self.steps = self.shapes[0]
+        self._shapes = [[Step(self._inputs(shape), self._update(i, shape))] for i, shape in enumerate(policy.shapes)]
+        self._shapes.append([Step(self._inputs(AR), self._quiet)])          # index QUIET: the lean AR step
+        self.steps = self._shapes[0]
+
+    @property
+    def shapes(self) -> list[list[Step]]:
+        """The policy's shapes, then the lean AR step (QUIET)."""
+        return self._shapes
 
     def new_state(self, request, **shape):
         """DecodeState with the policy's fields; when sampling untruncated, the stored Q is dense (idx = token, which

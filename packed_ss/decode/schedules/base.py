@@ -5,6 +5,7 @@ import torch
 
 from ...model.attention import Layout
 from ...runtime import ModelInput, Request, Step
+from ...runtime.program import Program
 from ...runtime.staging import staged
 from ..epilogue import Epilogue
 from ..lookup import CONTEXT, lookup_draft, point_mass
@@ -24,7 +25,7 @@ def layout(device, n_anchor: int, scratch_seg=(), scratch_see=()) -> Layout:
     return Layout(n_anchor, seg, see, n_anchor if len(seg) > n_anchor else None).to(device)
 
 
-class Schedule:
+class Schedule(Program):
     """A decoding schedule, the program the runtime drives: `prefill(*prompts)`, then `steps` until done.
 
     Subclasses set `name`, `proposes` (whether the prefill call also drafts W+1 positions by diffusion) and
@@ -34,9 +35,7 @@ class Schedule:
     (n-gram matches in the prompt and output, decode/lookup.py: no draft without a match) or "both" (the
     lookup draft where there is a match, the diffusion proposal elsewhere); None for AR, which does not draft.
     """
-    name = ""
     proposes = True
-    cache_in_order = True   # committed cache slot len(prompt) + i holds output token i (the prefix cache's test)
 
     def __init__(self, model, width: int, params: SamplingParams, epilogue: Epilogue,
                  draft_source: str | None = "diffusion"):

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ...decode.sampling import SamplingParams
-from ...decode.schedules import SCHEDULES
+from ...decode.registry import schedules
 from ...engine import Engine
 from ...model.loading import DTYPE_NAMES, default_model_path, dtype_named, load_model
 from ...model.tokenizer import load_tokenizer
@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generate_batch batch sizes to run (each at most --limit)")
     p.add_argument("--rounds", type=int, default=None,
                    help=f"rounds of the baseline and every batch size, order rotated (default {FULL['rounds']})")
-    p.add_argument("--schedules", nargs="+", default=["packed"], choices=list(SCHEDULES), help="default: packed")
+    p.add_argument("--schedules", nargs="+", default=["packed"], choices=list(schedules()), help="default: packed")
     p.add_argument("--widths", type=width, nargs="+", default=["auto"],
                    help="speculative widths, integers or 'auto' (the engine's choice, the default)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0], help="default: 0")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...decode.schedules import SCHEDULES
+from ...decode.registry import schedules
 
 
 def write_results(out: Path, stem: str, result: dict, markdown: str) -> None:
@@ -136,7 +136,7 @@ def plot_ratios(result: dict, path: Path):
         for j, (key, ylabel) in enumerate(metrics):
             ax = axes[i][j]
             c = [r["vs_linear"][key] for r in rows]
-            colors = ["tab:blue" if r["method"] in SCHEDULES else "tab:gray" for r in rows]
+            colors = ["tab:blue" if r["method"] in schedules() else "tab:gray" for r in rows]
             ax.bar(x, [v["point"] - 1 for v in c], bottom=1, color=colors, alpha=0.6)
             ax.errorbar(x, [v["point"] for v in c], yerr=[[v["point"] - v["lo"] for v in c],
                                                           [v["hi"] - v["point"] for v in c]],

@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ...decode.schedules import DRAFT_SOURCES, SCHEDULES
+from ...decode.registry import schedules
+from ...decode.schedules import DRAFT_SOURCES
 from ...engine import SAMPLERS
 from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
 from ...model.sources import resolve_model
@@ -46,7 +47,7 @@ from .options import add_shared_args, apply_preset, cpu_name, width
 from .report import plot_latency, plot_ratios, schedules_markdown, write_results
 from .stats import bootstrap_counts, paired, per_prompt
 
-FIXED = [s for s in SCHEDULES if s != "adaptive"]     # one call shape each; adaptive (the default) on request
+FIXED = [s for s in schedules() if s != "adaptive"]     # one call shape each; adaptive (the default) on request
 
 PEERS = ("hf", "hf-lookup")
 FULL = dict(limit=40, max_new_tokens=128, widths=[8], latency_reps=30)
@@ -242,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the drafting adapter: 'auto' (the one the model ships, the default), 'none', or a directory")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="default: 0 1")
     p.add_argument("--samples", type=int, default=1, help="responses per prompt at temperature > 0 (default 1)")
-    p.add_argument("--schedules", nargs="+", default=FIXED, choices=SCHEDULES,
+    p.add_argument("--schedules", nargs="+", default=FIXED, choices=list(schedules()),
                    help="our schedules (default all with one call shape; linear is required: it is the baseline; "
                         "adaptive, the default engine, on request: it has no cost-model row)")
     p.add_argument("--top-p", type=float, default=None,

@@ -1,4 +1,4 @@
-"""Any-order schedules (paper appendix C), by name."""
+"""Any-order schedules (paper appendix C; by name: decode/registry.py)."""
 from .ar import AR
 from .base import AnyOrderSchedule
 from .linear import Linear
@@ -6,6 +6,4 @@ from .threshold import Threshold
 from .packed import Packed
 from .quadratic import Quadratic
 
-SCHEDULES: dict[str, type[AnyOrderSchedule]] = {s.name: s for s in (AR, Linear, Quadratic, Packed, Threshold)}
-
-__all__ = ["SCHEDULES", "AnyOrderSchedule"]
+__all__ = ["AR", "AnyOrderSchedule", "Linear", "Packed", "Quadratic", "Threshold"]

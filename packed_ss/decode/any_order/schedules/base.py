@@ -6,6 +6,7 @@ import torch
 
 from ....model.attention import Layout
 from ....runtime import ModelInput, Request, Step
+from ....runtime.program import Program
 from ....runtime.staging import staged
 from ...epilogue import Epilogue
 from ...sampling import SamplingParams, philox_uniform, sample_sparse, truncated_probs
@@ -31,7 +32,7 @@ def one_request(step: Step) -> Step:
     return Step(inputs, update)
 
 
-class AnyOrderSchedule:
+class AnyOrderSchedule(Program):
     """prefill(prompt) caches the prompt in one counted call (E.2); `steps` are one iteration of Alg. 3.
 
     Every call has a fixed shape: `n_pending` N slots (1; the threshold decoder W), W O slots where the
@@ -41,7 +42,6 @@ class AnyOrderSchedule:
     draws uniforms from Philox keyed by (seed, offset), the offset advancing once per call: [0, u_t] for
     acceptance and the residual or fresh draw, [W+1, 2W+1) for drafts.
     """
-    name = ""
     verifies = True   # counts toward n_verify / n_accepted
     max_batch = 1     # requests in a batch: a call's layout follows its request's own window
     cache_in_order = False   # the cache holds accepted tokens in acceptance order, not output order

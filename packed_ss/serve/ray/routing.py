@@ -19,6 +19,8 @@ from itertools import takewhile
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from ...checks import check_int
+
 
 def block_keys(tokens: list[int], block: int) -> list[int]:
     """The key of each whole block of `tokens`: the hash of the block and of the key before it."""
@@ -29,18 +31,13 @@ def block_keys(tokens: list[int], block: int) -> list[int]:
     return keys
 
 
-def _count(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
-
-
 class PrefixAwareRouter(RequestRouter):
     def initialize_state(self, block: int = 16, blocks: int = 8192, imbalance: int = 4):
         """`block`: tokens per matched block (vLLM's default block size); `blocks`: keys kept per replica;
         `imbalance`: how many more requests than the least loaded replica a matching one may hold."""
-        self.block, self.blocks = _count("block", block, 1), _count("blocks", blocks, 1)
-        self.imbalance = _count("imbalance", imbalance, 0)
+        for name, value, low in (("block", block, 1), ("blocks", blocks, 1), ("imbalance", imbalance, 0)):
+            check_int(name, value, low)
+        self.block, self.blocks, self.imbalance = block, blocks, imbalance
         self.recent: dict[ReplicaID, OrderedDict[int, None]] = {}
 
     def _keys(self, request: PendingRequest | None) -> list[int]:

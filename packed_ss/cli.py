@@ -24,7 +24,8 @@ from .model.sources import resolve_model
 from .model.tokenizer import chat_renderer, load_tokenizer
 
 FORWARDED = {    # commands that parse their own options (the lab's, the server): name -> (module under packed_ss, help)
-    "serve": ("serve.cli", "serve a model behind an OpenAI-compatible HTTP API (the serve extra)"),
+    "serve": ("serve.cli", "serve a model behind an OpenAI-compatible HTTP API (the serve extra; --replicas N: "
+                           "engine replicas on Ray Serve, the ray extra)"),
     "bench": ("lab.bench.schedules", "benchmark the schedules (throughput, intervals, peers)"),
     "bench-any-order": ("lab.bench.any_order", "benchmark the any-order schedules and the threshold decoder"),
     "bench-adaptive": ("lab.bench.adaptive", "the default (adaptive) engine against AR and the best fixed "
@@ -32,6 +33,8 @@ FORWARDED = {    # commands that parse their own options (the lab's, the server)
     "bench-samplers": ("lab.bench.samplers", "the rejection rule against shared noise (tokens per call, speed)"),
     "bench-prefix": ("lab.bench.prefix", "the prefix cache's time to first token and the memory a batch holds"),
     "bench-serve": ("lab.bench.serve", "the server on loopback against generate_batch (throughput, latency)"),
+    "bench-replicas": ("lab.bench.replicas", "the API on Ray Serve: 1 vs 2 engine replicas, prefix-aware routing vs "
+                                             "round robin (the ray extra)"),
     "bench-scale": ("lab.bench.scale", "a released model's dimensions with random weights: latency, roofline, "
                                        "projected tokens/s"),
     "train-drafter": ("lab.drafter.train", "train a drafting LoRA by self-distillation"),

@@ -1,5 +1,10 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions and chat completions, streamed as server-sent events
-or whole, the model list, health and Prometheus metrics, over one Engine and its decode thread (worker.py).
+or whole, the model list, health and Prometheus metrics.
+
+The routes check a request into a Job (protocol.py) and write the Pieces a backend returns for it: a Decoder
+(decoder.py: one Engine and its decode thread in this process, `make_app`) or engine replicas on Ray Serve
+(serve/ray/), each response naming its replica in an `x-replica` header. A backend has `open(job)` (an Opened,
+or an APIError), `health()` (the replica that answered, or None; raises when unhealthy) and `metrics_text()`.
 
 The server is a transport: a response's tokens are what `Engine.generate` returns for the same prompt tokens
 and arguments (the engine's own tokens travel in the extra field `packed_ss.token_ids`, with the request's
@@ -17,19 +22,24 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from ..model.tokenizer import chat_renderer
-from .metrics import Metrics
-from .protocol import APIError, Job, from_engine, parse, plain_chat
-from .text import StopText
-from .worker import DecodeWorker, QueueFull
+from .decoder import Decoder, Opened
+from .protocol import APIError, Job, parse, plain_chat
 
 
 def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, api_key: str | None = None,
              max_batch: int = 64, max_waiting: int = 256) -> FastAPI:
-    metrics = Metrics(engine.width)
-    worker = DecodeWorker(engine, metrics, max_batch, max_waiting)
+    """The server over one Engine in this process."""
+    decoder = Decoder(engine, tokenizer.decode, max_batch, max_waiting)
+    app = openai_app(decoder, tokenizer, model_name, model_dir, api_key, [decoder.start], [decoder.stop])
+    app.state.worker, app.state.metrics = decoder.worker, decoder.metrics
+    return app
+
+
+def openai_app(backend, tokenizer, model_name: str, model_dir: Path | None = None, api_key: str | None = None,
+               on_startup=(), on_shutdown=()) -> FastAPI:
+    """The routes over `backend`; `tokenizer` encodes prompts and renders chats (with the template in
+    `model_dir`, if it has one)."""
     render_chat = (chat_renderer(model_dir) if model_dir is not None else None) or plain_chat
-    eos = set(engine.model.cfg.eos_token_ids)
-    decode = lambda ids: tokenizer.decode(ids)                                        # noqa: E731
     encode = lambda text: tokenizer.encode(text).ids                                  # noqa: E731
 
     def bearer(request: Request) -> None:
@@ -40,9 +50,8 @@ def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, 
                 raise APIError(401, "a valid API key is needed (Authorization: Bearer KEY)",
                                kind="authentication_error")
 
-    app = FastAPI(title="packed-ss", on_startup=[worker.start], on_shutdown=[worker.stop],
+    app = FastAPI(title="packed-ss", on_startup=list(on_startup), on_shutdown=list(on_shutdown),
                   dependencies=[Depends(bearer)])
-    app.state.worker, app.state.metrics = worker, metrics
 
     def error(err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status)
@@ -53,7 +62,7 @@ def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, 
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        return JSONResponse({"status": "ok"}, headers=named(await backend.health()))
 
     @app.get("/v1/models")
     async def models():
@@ -62,7 +71,7 @@ def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, 
 
     @app.get("/metrics")
     async def scrape():
-        return PlainTextResponse(metrics.render(*worker.counts), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(backend.metrics_text(), media_type="text/plain; version=0.0.4")
 
     async def handle(request: Request, chat: bool):
         try:
@@ -71,19 +80,14 @@ def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, 
             return error(APIError(400, "the request body is not valid JSON"))
         try:
             job = parse(body, chat, encode, render_chat, {model_name})
-            submission = engine.request(job.prompt_ids, max_new_tokens=job.max_tokens, **job.sampling)
+            opened = await backend.open(job)
         except APIError as err:
             return error(err)
-        except ValueError as err:
-            return error(from_engine(err, chat))
-        try:
-            pending = worker.submit(submission, len(job.prompt_ids))
-        except QueueFull as err:
-            return error(APIError(429, str(err), kind="rate_limit_error"))
-        reply = Reply(job, chat, model_name, decode, eos)
+        reply = Reply(job, chat, model_name)
         if job.stream:
-            return StreamingResponse(reply.events(pending, worker), media_type="text/event-stream")
-        return await reply.whole(pending, worker)
+            return StreamingResponse(reply.events(opened.pieces), media_type="text/event-stream",
+                                     headers=named(opened.replica))
+        return await reply.whole(opened)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -96,36 +100,28 @@ def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, 
     return app
 
 
-class Reply:
-    """One response being written: its text so far, the chunks and the final body."""
+def named(replica: str | None) -> dict:
+    """The response headers that name the replica that answered."""
+    return {"x-replica": replica} if replica is not None else {}
 
-    def __init__(self, job: Job, chat: bool, model: str, decode, eos: set[int]):
-        self.job, self.chat, self.model, self.eos = job, chat, model, eos
-        self.text = StopText(decode, job.stop)
+
+def server_error(err: Exception) -> APIError:
+    """A request that failed after it was taken, as the error it ends with."""
+    return err if isinstance(err, APIError) else APIError(500, str(err), kind="server_error")
+
+
+class Reply:
+    """One response being written from its Pieces: the chunks, or the whole body."""
+
+    def __init__(self, job: Job, chat: bool, model: str):
+        self.job, self.chat, self.model = job, chat, model
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.tokens: list[int] = []
-
-    def _finish_reason(self) -> str:
-        if self.text.stopped or (self.tokens and self.tokens[-1] in self.eos):
-            return "stop"
-        return "length" if len(self.tokens) >= self.job.max_tokens else "stop"
+        self.completion_tokens = 0
 
     def _usage(self) -> dict:
-        n = len(self.tokens)
-        return {"prompt_tokens": len(self.job.prompt_ids), "completion_tokens": n,
-                "total_tokens": len(self.job.prompt_ids) + n}
-
-    def _figures(self, result) -> dict:
-        """The request's speculative figures: the engine's counts at its end (for a request a stop string
-        ended, at its abort: they may include an iteration past the stop string)."""
-        figures = {"token_ids": list(self.tokens), "model_calls": None, "tokens_per_call": None,
-                   "mean_acceptance_length": None, "accepted_per_position": None}
-        if result is not None:
-            figures.update(model_calls=result.nfe, tokens_per_call=len(result.tokens) / result.nfe,
-                           mean_acceptance_length=1 + result.mean_accepted if result.n_verify else None,
-                           accepted_per_position=result.accepted_at)
-        return figures
+        n, prompt = self.completion_tokens, len(self.job.prompt_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
 
     def _choice(self, text: str, finish: str | None, first: bool = False) -> dict:
         if self.chat:
@@ -138,63 +134,36 @@ class Reply:
                 "created": self.created, "model": self.model, "choices": choices, **extra}
         return f"data: {json.dumps(body)}\n\n"
 
-    async def _run(self, pending, worker):
-        """(new text, final result or None, ended) as the worker delivers. A stop string ends the text: the
-        request is aborted and its counts so far are the result. A consumer gone before the end cancels it."""
-        ended = False
-        try:
-            while not ended:
-                kind, value = await pending.events.get()
-                if kind == "tokens":
-                    self.tokens += value
-                    new = self.text.add(value)
-                    if self.text.stopped:
-                        worker.cancel(pending)
-                        kind, value = await pending.events.get()
-                        while kind == "tokens":             # delivered before the abort: past the stop string
-                            kind, value = await pending.events.get()
-                        ended = True
-                        yield new, value if kind in ("aborted", "done") else None, True
-                    else:
-                        yield new, None, False
-                elif kind == "done":
-                    ended = True
-                    yield self.text.finish(), value, True
-                elif kind == "error":
-                    ended = True
-                    raise value
-                else:
-                    ended = True
-        finally:
-            if not ended:
-                worker.cancel(pending)
-
-    async def events(self, pending, worker):
+    async def events(self, pieces):
         if self.chat:
             yield self._chunk([self._choice("", None, first=True)])
         try:
-            async for text, result, ended in self._run(pending, worker):
-                if text:
-                    yield self._chunk([self._choice(text, None)])
-                if ended:
-                    yield self._chunk([self._choice("", self._finish_reason())], packed_ss=self._figures(result))
+            async for piece in pieces:
+                self.completion_tokens += len(piece.tokens)
+                if piece.text:
+                    yield self._chunk([self._choice(piece.text, None)])
+                if piece.finish_reason:
+                    yield self._chunk([self._choice("", piece.finish_reason)], packed_ss=piece.figures)
                     if self.job.include_usage:
                         yield self._chunk([], usage=self._usage())
-        except Exception as err:          # the request failed inside the engine: the stream says so and ends
-            yield f"data: {json.dumps(APIError(500, str(err), kind='server_error').body())}\n\n"
+        except Exception as err:          # the request failed after it was taken: the stream says so and ends
+            yield f"data: {json.dumps(server_error(err).body())}\n\n"
         yield "data: [DONE]\n\n"
 
-    async def whole(self, pending, worker) -> JSONResponse:
-        text, result = [], None
+    async def whole(self, opened: Opened) -> JSONResponse:
+        text, last = [], None
         try:
-            async for new, result, _ in self._run(pending, worker):
-                text.append(new)
+            async for piece in opened.pieces:
+                self.completion_tokens += len(piece.tokens)
+                text.append(piece.text)
+                last = piece
         except Exception as err:
-            return JSONResponse(APIError(500, str(err), kind="server_error").body(), status_code=500)
+            failure = server_error(err)
+            return JSONResponse(failure.body(), status_code=failure.status, headers=named(opened.replica))
         content = "".join(text)
         choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if self.chat
                   else {"index": 0, "text": content, "logprobs": None})
-        choice["finish_reason"] = self._finish_reason()
+        choice["finish_reason"] = last.finish_reason
         return JSONResponse({"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                              "created": self.created, "model": self.model, "choices": [choice],
-                             "usage": self._usage(), "packed_ss": self._figures(result)})
+                             "usage": self._usage(), "packed_ss": last.figures}, headers=named(opened.replica))

@@ -1,9 +1,12 @@
-"""`python -m packed_ss serve [MODEL] [options]`: the OpenAI-compatible server (app.py) with uvicorn."""
+"""`python -m packed_ss serve [MODEL] [options]`: the OpenAI-compatible server (app.py) with uvicorn, or with
+`--replicas N` the same API over N engine replicas on a local Ray Serve instance (serve/ray/)."""
 from __future__ import annotations
 
 import argparse
 
-from ..model.loading import DTYPE_NAMES, dtype_named, dtype_said
+from ..model.loading import DTYPE_NAMES, dtype_said
+from ..model.sources import resolve_model
+from .spec import EngineSpec
 
 
 def _width(text: str):
@@ -37,33 +40,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-graph", action="store_true", help="capture each decode iteration in a CUDA graph")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: its directory)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="serve N engine replicas on a local Ray Serve instance behind one ingress, routed by prompt "
+                        "prefix and load (the ray extra: pip install -e '.[ray]'; default: one engine in this process)")
+    p.add_argument("--replica-cpus", type=float, default=1, help="with --replicas: CPUs per replica (default 1)")
+    p.add_argument("--replica-gpus", type=float, default=0, help="with --replicas: GPUs per replica (default 0)")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    for name in ("max_batch", "max_waiting", "port"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            return 2
+    spec = EngineSpec(model=args.model, device=args.device, dtype=args.dtype, schedule=args.schedule, width=args.width,
+                      sampler=args.sampler, cuda_graph=args.cuda_graph,
+                      draft_adapter=None if args.no_draft_adapter else (args.draft_adapter or "auto"))
+    if args.replicas is not None:
+        return replicated(spec, args)
     try:
         import uvicorn
     except ImportError:
         print("error: serving needs the serve extra: pip install -e '.[serve]'")
         return 2
-    from ..engine import Engine
-    from ..model.loading import load_model
-    from ..model.sources import resolve_model
     from ..model.tokenizer import load_tokenizer
     from .app import make_app
 
-    for name in ("max_batch", "max_waiting", "port"):
-        if getattr(args, name) < 1:
-            print(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-            return 2
     path = resolve_model(args.model)
-    adapter = None if args.no_draft_adapter else (args.draft_adapter or "auto")
-    model = load_model(path, device=args.device, dtype=dtype_named(args.dtype), draft_adapter=adapter)
-    engine = Engine(model, schedule=args.schedule, width=args.width, sampler=args.sampler, cuda_graph=args.cuda_graph)
+    engine = spec.build()
     app = make_app(engine, load_tokenizer(path), args.served_model_name or path.name, path, args.api_key,
                    args.max_batch, args.max_waiting)
-    print(f"packed-ss: serving {path} ({engine.schedule_name}, W = {engine.width}, dtype {dtype_said(model)}) on "
-          f"http://{args.host}:{args.port}")
+    print(f"packed-ss: serving {path} ({engine.schedule_name}, W = {engine.width}, dtype {dtype_said(engine.model)}) "
+          f"on http://{args.host}:{args.port}")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def replicated(spec: EngineSpec, args) -> int:
+    """--replicas N: the app on a local Ray instance, until interrupted."""
+    try:
+        from .ray import serve_locally
+    except ImportError as err:
+        print(f"error: --replicas needs Ray Serve ({err}), the ray extra: pip install -e '.[ray]'")
+        return 2
+    try:
+        return serve_locally(spec, args.host, args.port, num_replicas=args.replicas, num_cpus=args.replica_cpus,
+                             num_gpus=args.replica_gpus, max_batch=args.max_batch, max_waiting=args.max_waiting,
+                             api_key=args.api_key, served_model_name=args.served_model_name)
+    except ValueError as err:
+        print(f"error: {err}")
+        return 2

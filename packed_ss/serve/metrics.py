@@ -5,7 +5,8 @@ draft tokens (W per verification: every verification checks a draft of up to W t
 tokens, in total and per draft position (`..._per_pos{position="k"}`: the verifications that accepted draft token
 k, so that accepted_per_pos[k] / drafts is the acceptance rate at depth k); mean acceptance length =
 1 + accepted / drafts. The gauges are read when scraped: requests running
-(in a slot of the engine's batch) and waiting (queued by the server, or in the engine for a slot).
+(in a slot of the engine's batch) and waiting (queued by the server, or in the engine for a slot). Behind
+replicas (serve/ray/) each replica's latest snapshot is rendered, its series labelled `replica="..."`.
 """
 from __future__ import annotations
 
@@ -25,13 +26,16 @@ COUNTERS = {
 }
 
 
-class Metrics:
-    PER_POS = "packed_ss:spec_decode_num_accepted_tokens_per_pos"
+GAUGES = ("packed_ss:num_requests_running", "packed_ss:num_requests_waiting")
+PER_POS = "packed_ss:spec_decode_num_accepted_tokens_per_pos"
 
+
+class Metrics:
     def __init__(self, width: int):
         self.width = width
         self.values = dict.fromkeys(COUNTERS, 0.0)
         self.accepted_per_pos = [0] * width
+        self.taken = 0
         self._lock = threading.Lock()
 
     def add(self, **amounts: float) -> None:
@@ -48,16 +52,34 @@ class Metrics:
             for k, n in enumerate(result.accepted_at or ()):
                 self.accepted_per_pos[k] += n
 
-    def render(self, running: int, waiting: int) -> str:
-        lines = []
-        for name, value in (("packed_ss:num_requests_running", running), ("packed_ss:num_requests_waiting", waiting)):
-            lines += [f"# HELP {name} Requests {name.rsplit('_', 1)[1]} now.", f"# TYPE {name} gauge",
-                      f"{name} {value}"]
+    def snapshot(self, running: int, waiting: int) -> dict:
+        """Every value now, numbered (`taken`) so that the newest of several can be told."""
         with self._lock:
-            values, per_pos = dict(self.values), list(self.accepted_per_pos)
-        for name, help_text in COUNTERS.items():
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name}_total {values[name]:g}"]
-        lines += [f"# HELP {self.PER_POS} Verifications that accepted the draft token at this position (0: the first).",
-                  f"# TYPE {self.PER_POS} counter"]
-        lines += [f'{self.PER_POS}_total{{position="{k}"}} {n}' for k, n in enumerate(per_pos)]
-        return "\n".join(lines) + "\n"
+            self.taken += 1
+            return {"taken": self.taken, "gauges": {GAUGES[0]: running, GAUGES[1]: waiting},
+                    "counters": dict(self.values), "per_pos": list(self.accepted_per_pos)}
+
+    def render(self, running: int, waiting: int) -> str:
+        return render({None: self.snapshot(running, waiting)})
+
+
+def render(snapshots: dict[str | None, dict]) -> str:
+    """Snapshots in the Prometheus text format, each series labelled with the replica it is keyed by (no label
+    for the key None)."""
+    def series(name: str, value, replica: str | None, **labels) -> str:
+        pairs = ({"replica": replica} if replica is not None else {}) | labels
+        inside = ",".join(f'{k}="{v}"' for k, v in pairs.items())
+        return f"{name}{{{inside}}} {value:g}" if inside else f"{name} {value:g}"
+
+    lines = []
+    for name in GAUGES:
+        lines += [f"# HELP {name} Requests {name.rsplit('_', 1)[1]} now.", f"# TYPE {name} gauge"]
+        lines += [series(name, snap["gauges"][name], replica) for replica, snap in snapshots.items()]
+    for name, help_text in COUNTERS.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+        lines += [series(f"{name}_total", snap["counters"][name], replica) for replica, snap in snapshots.items()]
+    lines += [f"# HELP {PER_POS} Verifications that accepted the draft token at this position (0: the first).",
+              f"# TYPE {PER_POS} counter"]
+    lines += [series(f"{PER_POS}_total", n, replica, position=k) for replica, snap in snapshots.items()
+              for k, n in enumerate(snap["per_pos"])]
+    return "\n".join(lines) + "\n"

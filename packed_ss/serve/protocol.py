@@ -22,6 +22,9 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
 
+    def __reduce__(self):      # pickled whole, so that a replica's refusal reaches the ingress as itself
+        return APIError, (self.status, self.message, self.param, self.kind)
+
 
 @dataclass
 class Job:

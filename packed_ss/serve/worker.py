@@ -77,6 +77,10 @@ class DecodeWorker:
         self._inbox.put(())              # wake the thread if it is idle
 
     @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
     def counts(self) -> tuple[int, int]:
         """(running, waiting)."""
         return len(self.active), self._queued

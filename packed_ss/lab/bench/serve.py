@@ -49,7 +49,8 @@ def serve_in_thread(app):
 
 
 def client_process(url: str, prompts: list[str], max_tokens: int, concurrency: int) -> dict:
-    """The load generator's side, run in a process of its own (no GIL shared with the server)."""
+    """The load generator's side, run in a process of its own (no GIL shared with the server). Also returns the
+    replica that answered each prompt (its x-replica header: None from a server of one engine)."""
     return asyncio.run(through_server(url, prompts, max_tokens, concurrency))
 
 
@@ -57,16 +58,17 @@ async def through_server(url: str, prompts: list[str], max_tokens: int, concurre
     import openai
     client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0)
     gate = asyncio.Semaphore(concurrency)
-    ttft, gaps, tokens = [], [], 0
+    ttft, gaps, tokens, replicas = [], [], 0, [None] * len(prompts)
 
-    async def one(prompt):
+    async def one(i, prompt):
         nonlocal tokens
         async with gate:
             began = last = time.perf_counter()
-            stream = await client.completions.create(model="default", prompt=prompt, max_tokens=max_tokens,
-                                                     temperature=0.0, stream=True)
+            raw = await client.completions.with_raw_response.create(
+                model="default", prompt=prompt, max_tokens=max_tokens, temperature=0.0, stream=True)
+            replicas[i] = raw.headers.get("x-replica")
             first = True
-            async for chunk in stream:
+            async for chunk in raw.parse():
                 now = time.perf_counter()
                 if chunk.choices and chunk.choices[0].text:
                     (ttft.append(now - began) if first else gaps.append(now - last))
@@ -74,10 +76,10 @@ async def through_server(url: str, prompts: list[str], max_tokens: int, concurre
                 if chunk.choices and chunk.choices[0].finish_reason:
                     tokens += len(chunk.model_extra["packed_ss"]["token_ids"])
     began = time.perf_counter()
-    await asyncio.gather(*(one(p) for p in prompts))
+    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - began
     await client.close()
-    return {"wall_s": wall, "tokens": tokens, "ttft_s": ttft, "gap_s": gaps}
+    return {"wall_s": wall, "tokens": tokens, "ttft_s": ttft, "gap_s": gaps, "replicas": replicas}
 
 
 def timed(decoding, gaps: list[float], key=lambda event: event[0]) -> list:

@@ -214,3 +214,26 @@ def test_concurrent_streams_and_disconnects(served):
     per_pos = [v for k, v in values.items() if k.startswith("packed_ss:spec_decode_num_accepted_tokens_per_pos")]
     assert len(per_pos) == app.state.metrics.width and per_pos[0] > 0
     assert sum(per_pos) == values["packed_ss:spec_decode_num_accepted_tokens_total"]
+
+
+def test_a_shared_prompt_head_is_cached_and_counted(served):
+    """Two completions of one long prompt head: the second's prefill reads the first's published pages, which its
+    usage reports (OpenAI's prompt_tokens_details.cached_tokens), with the same text as offline; /metrics counts
+    the prefix cache's queries and hits, the pool's usage and the time to first token."""
+    server, reference, tok, _ = served
+    head = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(12))
+    first = client(server).completions.create(model=NAME, prompt=head + "def g(", max_tokens=8, temperature=0.0)
+    second = client(server).completions.create(model=NAME, prompt=head + "class C:", max_tokens=8, temperature=0.0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached <= len(tok.encode(head).ids) and cached % 16 == 0
+    assert second.choices[0].text == tok.decode(offline(reference, tok, head + "class C:", 8))
+    metrics = urllib.request.urlopen(urllib.request.Request(server.url + "/metrics", headers={
+        "Authorization": f"Bearer {API_KEY}"})).read().decode()
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+              if line and not line.startswith("#")}
+    assert values["packed_ss:prefix_cache_hits_total"] >= cached
+    assert values["packed_ss:prefix_cache_queries_total"] >= values["packed_ss:prefix_cache_hits_total"]
+    assert 0 <= values["packed_ss:kv_cache_usage_perc"] < 1 and "packed_ss:num_preemptions_total" in values
+    assert values['packed_ss:time_to_first_token_seconds_bucket{le="+Inf"}'] == values[
+        "packed_ss:time_to_first_token_seconds_count"] > 0

@@ -164,10 +164,11 @@ class Runtime:
     @property
     def pool(self) -> KVPool:
         """The K/V pool every batch of this runtime takes pages from, made at its full size when first needed."""
-        if self._pool is None:
-            cap = MAX_SLOTS * (self.max_seq_len + CACHE_QUANTUM)      # more than any batch could ever hold
-            self._pool = KVPool(self.model, pool_pages(self.model, self.page_size, cap, self.kv_cache_bytes),
-                                self.page_size)
+        with self._lock:                  # a server's metrics may ask from another thread
+            if self._pool is None:
+                cap = MAX_SLOTS * (self.max_seq_len + CACHE_QUANTUM)      # more than any batch could ever hold
+                self._pool = KVPool(self.model, pool_pages(self.model, self.page_size, cap, self.kv_cache_bytes),
+                                    self.page_size)
         return self._pool
 
     def kv_usage(self) -> KVUsage:

@@ -118,10 +118,12 @@ class Reply:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.completion_tokens = 0
+        self.cached_tokens = 0
 
     def _usage(self) -> dict:
         n, prompt = self.completion_tokens, len(self.job.prompt_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+        return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     def _choice(self, text: str, finish: str | None, first: bool = False) -> dict:
         if self.chat:
@@ -143,6 +145,7 @@ class Reply:
                 if piece.text:
                     yield self._chunk([self._choice(piece.text, None)])
                 if piece.finish_reason:
+                    self.cached_tokens = piece.figures["cached_tokens"] or 0
                     yield self._chunk([self._choice("", piece.finish_reason)], packed_ss=piece.figures)
                     if self.job.include_usage:
                         yield self._chunk([], usage=self._usage())
@@ -164,6 +167,7 @@ class Reply:
         choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if self.chat
                   else {"index": 0, "text": content, "logprobs": None})
         choice["finish_reason"] = last.finish_reason
+        self.cached_tokens = last.figures["cached_tokens"] or 0
         return JSONResponse({"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                              "created": self.created, "model": self.model, "choices": [choice],
                              "usage": self._usage(), "packed_ss": last.figures}, headers=named(opened.replica))

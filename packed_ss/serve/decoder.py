@@ -37,11 +37,11 @@ def figures(tokens: list[int], result) -> dict:
     """The request's speculative figures: the engine's counts at its end (for a request a stop string ended, at
     its abort: they may include an iteration past the stop string)."""
     out = {"token_ids": list(tokens), "model_calls": None, "tokens_per_call": None,
-           "mean_acceptance_length": None, "accepted_per_position": None}
+           "mean_acceptance_length": None, "accepted_per_position": None, "cached_tokens": None}
     if result is not None:
         out.update(model_calls=result.nfe, tokens_per_call=len(result.tokens) / result.nfe,
                    mean_acceptance_length=1 + result.mean_accepted if result.n_verify else None,
-                   accepted_per_position=result.accepted_at)
+                   accepted_per_position=result.accepted_at, cached_tokens=result.cached_tokens)
     return out
 
 
@@ -65,10 +65,10 @@ class Decoder:
             raise RuntimeError("the decode thread is not running")
 
     def metrics_text(self) -> str:
-        return self.metrics.render(*self.worker.counts)
+        return self.metrics.render(*self.worker.counts, self.engine.kv_usage())
 
     def snapshot(self) -> dict:
-        return self.metrics.snapshot(*self.worker.counts)
+        return self.metrics.snapshot(*self.worker.counts, self.engine.kv_usage())
 
     async def open(self, job: Job) -> Opened:
         """The request submitted, or an APIError: 400 naming the field the engine refused, 429 with the queue

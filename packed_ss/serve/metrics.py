@@ -4,12 +4,16 @@ Per finished request its GenerateResult adds: generated tokens, model calls, dra
 draft tokens (W per verification: every verification checks a draft of up to W tokens) and accepted draft
 tokens, in total and per draft position (`..._per_pos{position="k"}`: the verifications that accepted draft token
 k, so that accepted_per_pos[k] / drafts is the acceptance rate at depth k); mean acceptance length =
-1 + accepted / drafts. The gauges are read when scraped: requests running
-(in a slot of the engine's batch) and waiting (queued by the server, or in the engine for a slot). Behind
-replicas (serve/ray/) each replica's latest snapshot is rendered, its series labelled `replica="..."`.
+1 + accepted / drafts. The time to first token (submission to the first streamed tokens) is a histogram with
+vLLM's buckets. Read from the engine when scraped (Engine.kv_usage): the share of the K/V pool's pages held, the
+prompt tokens looked up in the prefix cache and found there (vLLM's prefix_cache_queries / _hits) and the
+preemptions. The gauges are read when scraped too: requests running (in a slot of the engine's batch) and
+waiting (queued by the server, or in the engine for a slot). Behind replicas (serve/ray/) each replica's
+latest snapshot is rendered, its series labelled `replica="..."`.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 
 COUNTERS = {
@@ -26,8 +30,16 @@ COUNTERS = {
 }
 
 
-GAUGES = ("packed_ss:num_requests_running", "packed_ss:num_requests_waiting")
+GAUGES = {"packed_ss:num_requests_running": "Requests running now.",
+          "packed_ss:num_requests_waiting": "Requests waiting now.",
+          "packed_ss:kv_cache_usage_perc": "Share of the K/V pool's pages that requests hold (1 = full)."}
+POOL = {"packed_ss:prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
+        "packed_ss:prefix_cache_hits": "Prompt tokens found in the prefix cache (not prefilled).",
+        "packed_ss:num_preemptions": "Running requests preempted (their K/V pages freed, re-read later)."}
 PER_POS = "packed_ss:spec_decode_num_accepted_tokens_per_pos"
+TTFT = "packed_ss:time_to_first_token_seconds"
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)   # vLLM's
 
 
 class Metrics:
@@ -35,6 +47,8 @@ class Metrics:
         self.width = width
         self.values = dict.fromkeys(COUNTERS, 0.0)
         self.accepted_per_pos = [0] * width
+        self.ttft = [0] * (len(TTFT_BUCKETS) + 1)       # per bucket (the last: +Inf), not cumulative
+        self.ttft_sum = 0.0
         self.taken = 0
         self._lock = threading.Lock()
 
@@ -52,15 +66,23 @@ class Metrics:
             for k, n in enumerate(result.accepted_at or ()):
                 self.accepted_per_pos[k] += n
 
-    def snapshot(self, running: int, waiting: int) -> dict:
-        """Every value now, numbered (`taken`) so that the newest of several can be told."""
+    def first_token(self, seconds: float) -> None:
+        with self._lock:
+            self.ttft[next((i for i, le in enumerate(TTFT_BUCKETS) if seconds <= le), len(TTFT_BUCKETS))] += 1
+            self.ttft_sum += seconds
+
+    def snapshot(self, running: int, waiting: int, usage) -> dict:
+        """Every value now (`usage`: the engine's KVUsage), numbered (`taken`) so that the newest of several can be
+        told."""
         with self._lock:
             self.taken += 1
-            return {"taken": self.taken, "gauges": {GAUGES[0]: running, GAUGES[1]: waiting},
-                    "counters": dict(self.values), "per_pos": list(self.accepted_per_pos)}
+            gauges = dict(zip(GAUGES, (running, waiting, usage.held / usage.pages)))
+            pool = dict(zip(POOL, (usage.queried_tokens, usage.hit_tokens, usage.preemptions)))
+            return {"taken": self.taken, "gauges": gauges, "counters": dict(self.values) | pool,
+                    "per_pos": list(self.accepted_per_pos), "ttft": list(self.ttft), "ttft_sum": self.ttft_sum}
 
-    def render(self, running: int, waiting: int) -> str:
-        return render({None: self.snapshot(running, waiting)})
+    def render(self, running: int, waiting: int, usage) -> str:
+        return render({None: self.snapshot(running, waiting, usage)})
 
 
 def render(snapshots: dict[str | None, dict]) -> str:
@@ -72,14 +94,21 @@ def render(snapshots: dict[str | None, dict]) -> str:
         return f"{name}{{{inside}}} {value:g}" if inside else f"{name} {value:g}"
 
     lines = []
-    for name in GAUGES:
-        lines += [f"# HELP {name} Requests {name.rsplit('_', 1)[1]} now.", f"# TYPE {name} gauge"]
+    for name, help_text in GAUGES.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
         lines += [series(name, snap["gauges"][name], replica) for replica, snap in snapshots.items()]
-    for name, help_text in COUNTERS.items():
+    for name, help_text in (COUNTERS | POOL).items():
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
         lines += [series(f"{name}_total", snap["counters"][name], replica) for replica, snap in snapshots.items()]
     lines += [f"# HELP {PER_POS} Verifications that accepted the draft token at this position (0: the first).",
               f"# TYPE {PER_POS} counter"]
     lines += [series(f"{PER_POS}_total", n, replica, position=k) for replica, snap in snapshots.items()
               for k, n in enumerate(snap["per_pos"])]
+    lines += [f"# HELP {TTFT} Time from a request's submission to its first streamed tokens.",
+              f"# TYPE {TTFT} histogram"]
+    for replica, snap in snapshots.items():
+        counts = list(itertools.accumulate(snap["ttft"]))
+        lines += [series(f"{TTFT}_bucket", n, replica, le=f"{le:g}") for le, n in zip(TTFT_BUCKETS, counts)]
+        lines += [series(f"{TTFT}_bucket", counts[-1], replica, le="+Inf"), series(f"{TTFT}_sum", snap["ttft_sum"], replica),
+                  series(f"{TTFT}_count", counts[-1], replica)]
     return "\n".join(lines) + "\n"

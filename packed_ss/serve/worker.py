@@ -35,6 +35,8 @@ class Pending:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     group: object = None
     cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+    streamed: bool = False          # its first tokens went out (the time to first token is recorded)
 
 
 def _put_all(items: list) -> None:
@@ -148,6 +150,9 @@ class DecodeWorker:
                 self.metrics.finished(pending.prompt_tokens, event)
                 self._end(pending, "done", event)
                 return
+            if not pending.streamed:
+                pending.streamed = True
+                self.metrics.first_token(time.perf_counter() - pending.submitted)
             self._send(pending, "tokens", event)
 
     def _end(self, pending: Pending, kind: str, value, **counts) -> None:

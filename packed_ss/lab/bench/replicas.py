@@ -13,7 +13,7 @@ each replica up): one replica; two replicas with the prefix-aware router (routin
 Reported per configuration: throughput (generated tokens / wall; median [min, max] over --rounds), TTFT p50 /
 p90 over every request, the affinity (per system prompt, the share of its requests on the replica that took
 most of them, the mean over prompts: 1 keeps each prompt on one replica, 0.5 spreads it evenly over two) and
-the busier replica's share of the requests; and, offline, the most a prefix cache could save here
+the busier replica's share of the requests, the cores each role used (cpu_seconds); and, offline, the most a prefix cache could save here
 (prefill_share). `--prefix-cache` builds the engines with a prefix cache (`Engine(prefix_cache=True)`).
 Writes DIR/replicas.json and DIR/replicas.md.
 """
@@ -31,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import psutil
 import ray
 import torch
 from ray import serve
@@ -50,6 +51,9 @@ QUICK = dict(users=8, max_new_tokens=16, concurrency=8, rounds=1)
 SYSTEMS = 4
 WARM_UP = [f"def warm_up_{i}(x):" for i in range(8)]     # shorter than a routed block: spread by load alone
 ROUND_ROBIN = "packed_ss.lab.bench.replicas.RoundRobinRouter"
+ROLES = (("EngineReplica", "engines"), ("Ingress", "ingress"), ("ProxyActor", "proxy"),
+         ("multiprocessing", "load generator"))
+CORES = [role for _, role in ROLES] + ["rest"]
 CONFIGS = {"1 replica": dict(num_replicas=1), "2 replicas, prefix-aware": dict(num_replicas=2),
            "2 replicas, round robin": dict(num_replicas=2, request_router=ROUND_ROBIN)}
 
@@ -106,6 +110,17 @@ def prefill_share(prompts: list[str], max_new_tokens: int, batch: int) -> dict:
     return {"prefill_time_share": times[0] / times[1], "shared_prompt_share": sum(head) / sum(map(len, ids))}
 
 
+def cpu_seconds() -> Counter:
+    """CPU seconds used so far by every process here, by role: the engine replicas, the ingress, Ray's HTTP
+    proxy, the load generator (a spawned process) and the rest (Ray's own processes, this one, anything else)."""
+    used = Counter()
+    for process in psutil.process_iter(["cmdline", "cpu_times"]):
+        line, times = " ".join(process.info["cmdline"] or ()), process.info["cpu_times"]
+        role = next((role for key, role in ROLES if key in line), "rest")
+        used[role] += times.user + times.system if times else 0.0
+    return used
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -139,8 +154,11 @@ def main(argv=None) -> int:
             serve.run(build_app(**config, num_cpus=1, served_model_name="default", prefix_cache=args.prefix_cache),
                       name=APP_NAME, route_prefix="/")
             clients.submit(client_process, url, WARM_UP, 4, len(WARM_UP)).result()   # each replica measures its costs
+            before = cpu_seconds()
             run = clients.submit(client_process, url, prompts, args.max_new_tokens, args.concurrency).result()
-            runs[name].append(run | spread(run["replicas"], systems))
+            after = cpu_seconds()
+            cores = {role: (after[role] - before[role]) / run["wall_s"] for role in CORES}
+            runs[name].append(run | spread(run["replicas"], systems) | {"cores": cores})
             serve.delete(APP_NAME)
     clients.shutdown()
     serve.shutdown()
@@ -152,15 +170,16 @@ def main(argv=None) -> int:
                                                       "max": max(tok_s)},
                      "ttft": percentiles([t for run in done for t in run["ttft_s"]]),
                      "affinity": float(np.median([run["affinity"] for run in done])),
-                     "busiest_share": float(np.median([run["busiest_share"] for run in done]))})
+                     "busiest_share": float(np.median([run["busiest_share"] for run in done])),
+                     "cores": {role: float(np.median([run["cores"][role] for run in done])) for role in CORES}})
     base = rows[0]["tok_s"]["median"]
-    lines = ["| configuration | tok/s (median [min, max]) | vs 1 replica | TTFT p50 / p90 ms | affinity | busier replica's share |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| configuration | tok/s (median [min, max]) | vs 1 replica | TTFT p50 / p90 ms | affinity | busier replica's "
+             f"share | cores: {' / '.join(CORES)} |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        t = r["tok_s"]
+        t, cores = r["tok_s"], " / ".join(f"{r['cores'][role]:.2f}" for role in CORES)
         lines.append(f"| {r['configuration']} | {t['median']:.0f} [{t['min']:.0f}, {t['max']:.0f}] | "
                      f"{t['median'] / base:.2f}x | {r['ttft']['p50_ms']:.0f} / {r['ttft']['p90_ms']:.0f} | "
-                     f"{r['affinity']:.2f} | {r['busiest_share']:.2f} |")
+                     f"{r['affinity']:.2f} | {r['busiest_share']:.2f} | {cores} |")
     lines.append(f"\nOffline, prefill alone takes {share['prefill_time_share']:.0%} of the requests' time and "
                  f"{share['shared_prompt_share']:.0%} of the prompt tokens come before the user's turn.")
     table = "\n".join(lines)

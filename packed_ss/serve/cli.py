@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weights' dtype; auto (default): the checkpoint's on CUDA, on a CPU the faster of float32 "
                         "and bfloat16 here, measured once and remembered (float32 is the exact path)")
     p.add_argument("--cuda-graph", action="store_true", help="capture each decode iteration in a CUDA graph")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt whole (default: a prompt that starts with the tokens of an earlier "
+                        "one's full K/V pages shares them and prefills only the rest; the same tokens either way)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: its directory)")
     p.add_argument("--replicas", type=int, default=None,
@@ -55,7 +58,7 @@ def main(argv=None) -> int:
             print(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
             return 2
     spec = EngineSpec(model=args.model, device=args.device, dtype=args.dtype, schedule=args.schedule, width=args.width,
-                      sampler=args.sampler, cuda_graph=args.cuda_graph,
+                      sampler=args.sampler, cuda_graph=args.cuda_graph, prefix_cache=not args.no_prefix_cache,
                       draft_adapter=None if args.no_draft_adapter else (args.draft_adapter or "auto"))
     if args.replicas is not None:
         return replicated(spec, args)

@@ -29,14 +29,13 @@ class EngineSpec(BaseModel):
     sampler: str | None = None               # None: the one the drafter's profile names, else the default
     draft_adapter: str | None = "auto"       # "auto": the model's own; None: none
     cuda_graph: bool = False
-    prefix_cache: bool = False               # passed to the Engine only when asked for
+    prefix_cache: bool = True
 
     def build(self) -> Engine:
         model = load_model(resolve_model(self.model), device=self.device, dtype=dtype_named(self.dtype),
                            draft_adapter=self.draft_adapter)
-        cache = {"prefix_cache": True} if self.prefix_cache else {}
         return Engine(model, schedule=self.schedule, width=self.width, sampler=self.sampler,
-                      cuda_graph=self.cuda_graph, **cache)
+                      cuda_graph=self.cuda_graph, prefix_cache=self.prefix_cache)
 
     def resolved(self, engine: Engine):
         """This spec with what `engine`, built from it, chose."""

@@ -13,15 +13,24 @@
 2. Memory. `--batch` requests of ragged prompts (8 to `--prefix` tokens) and caps stream together; after every
    iteration, the bytes of K/V pages the pool holds against the bytes the live requests' tokens need (prompt +
    output so far): the excess per request, in cache positions, against one page plus the rows one call may
-   write (the program's reserve). Writes DIR/prefix.json and DIR/prefix.md.
+   write (the program's reserve).
+3. Serving. `--clients` clients share a `--system`-token system prompt (the same head), each sending
+   `--turns` requests of it and a fresh `--suffix`-token user turn, one after another (`--reply` tokens each,
+   greedy), to the OpenAI-compatible server on loopback, streamed with the `openai` client from a process of its
+   own. Two servers over the same model, the engine's default schedule, prefix cache on and off, each sent the
+   system prompt once before timing (as a server that has seen it), alternate over `--server-rounds` rounds.
+   Reported: generated tokens per second of each and the ratio on / off per round. Writes DIR/prefix.json and
+   DIR/prefix.md.
 """
 from __future__ import annotations
 
 import inspect
 import json
+import multiprocessing
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +42,13 @@ from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
 from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
 from .options import bench_parser, cpu_name
+from .serve import client_process, serve_in_thread
 from .stats import bootstrap_counts
 
-FULL = dict(prefix=1024, suffix=8, rounds=12, batch=8, max_new_tokens=64)
-QUICK = dict(prefix=448, suffix=8, rounds=4, batch=4, max_new_tokens=24)
+FULL = dict(prefix=1024, suffix=8, rounds=12, batch=8, max_new_tokens=64, system=512, clients=16, turns=2, reply=32,
+            server_rounds=4)
+QUICK = dict(prefix=448, suffix=8, rounds=4, batch=4, max_new_tokens=24, system=256, clients=4, turns=2, reply=8,
+             server_rounds=2)
 
 
 def head_tokens(tokenizer, n: int) -> list[int]:
@@ -113,8 +125,42 @@ def memory(model, tokenizer, args) -> dict:
                                                             for n, c in zip(lengths, caps)]))}
 
 
+def serving(model, tokenizer, args) -> dict:
+    """Tokens per second of a server with the prefix cache on and off, clients sharing a system prompt."""
+    from ...serve.app import make_app
+
+    system = head_tokens(tokenizer, args.system)
+    rng = np.random.default_rng(2)
+    vocab = model.cfg.vocab_size
+    clients = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    servers, urls = [], {}
+    for cache in (True, False):
+        app = make_app(Engine(model, prefix_cache=cache), tokenizer, "default", max_batch=args.clients,
+                       max_waiting=args.clients)
+        server, thread, port = serve_in_thread(app)
+        servers.append((server, thread))
+        urls[cache] = f"http://127.0.0.1:{port}/v1"
+        clients.submit(client_process, urls[cache], [system + [int(rng.integers(100, vocab - 100))]], 4, 1).result()
+    tok_s = {True: [], False: []}
+    for r in range(args.server_rounds):
+        prompts = [system + [int(t) for t in rng.integers(100, vocab - 100, args.suffix)]
+                   for _ in range(args.clients * args.turns)]
+        for cache in ((True, False) if r % 2 == 0 else (False, True)):
+            run = clients.submit(client_process, urls[cache], prompts, args.reply, args.clients).result()
+            tok_s[cache].append(run["tokens"] / run["wall_s"])
+    clients.shutdown()
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(timeout=30)
+    ratio = np.array(tok_s[True]) / np.array(tok_s[False])
+    return {"system": args.system, "clients": args.clients, "turns": args.turns, "reply": args.reply,
+            "rounds": args.server_rounds, "on_tok_s": tok_s[True], "off_tok_s": tok_s[False],
+            "on_median": float(np.median(tok_s[True])), "off_median": float(np.median(tok_s[False])),
+            "ratio_median": float(np.median(ratio)), "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max())}
+
+
 def report(result: dict) -> str:
-    t, m, machine = result["ttft"], result["memory"], result["machine"]
+    t, m, v, machine = result["ttft"], result["memory"], result["serving"], result["machine"]
     return "\n".join([
         f"{machine['model']} ({machine['dtype']}), {machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}",
         "",
@@ -132,6 +178,14 @@ def report(result: dict) -> str:
         f"max {m['excess_slots_per_request_max']:.1f} and mean {m['excess_slots_per_request_mean']:.1f} positions "
         f"(bound: a page + the rows one call may write, its reserve = {m['bound_slots']}); a contiguous cache "
         f"sized as before paging would reserve {m['contiguous_slots_per_request']:.0f} positions per request.",
+        "",
+        f"Serving: {v['clients']} clients share a {v['system']}-token system prompt, {v['clients'] * v['turns']} "
+        f"requests a round (+{t['suffix']} fresh tokens, {v['reply']} generated, greedy), {v['rounds']} rounds:",
+        "",
+        "| prefix cache | tok/s (median) | on / off (median [min, max] over rounds) |",
+        "|---|---:|---|",
+        f"| on | {v['on_median']:.1f} | {v['ratio_median']:.2f}x [{v['ratio_min']:.2f}, {v['ratio_max']:.2f}] |",
+        f"| off | {v['off_median']:.1f} | |",
     ]) + "\n"
 
 
@@ -152,13 +206,16 @@ def main(argv=None) -> int:
     path = resolve_model(args.model)
     model = load_model(path, dtype=dtype_named(args.dtype))
     tokenizer = load_tokenizer(path)
-    if args.prefix + args.suffix + 8 > model.cfg.max_seq_len:
-        p.error(f"--prefix + --suffix must leave room in the model's {model.cfg.max_seq_len} positions")
+    for head, tail in ((args.prefix, args.suffix + 8), (args.system, args.suffix + args.reply)):
+        if head + tail > model.cfg.max_seq_len:
+            p.error(f"--prefix + --suffix + 8 and --system + --suffix + --reply must fit the model's "
+                    f"{model.cfg.max_seq_len} positions")
     print(f"bench-prefix: {path.name}, dtype {dtype_said(model)}", file=sys.stderr)
     result = {"machine": {"model": path.name, "dtype": str(model.dtype).removeprefix("torch."), "cpu": cpu_name(),
                           "processor": platform.processor(), "threads": args.threads, "torch": torch.__version__},
               "options": {k: getattr(args, k) for k in FULL},
-              "ttft": time_to_first_token(model, tokenizer, args), "memory": memory(model, tokenizer, args)}
+              "ttft": time_to_first_token(model, tokenizer, args), "memory": memory(model, tokenizer, args),
+              "serving": serving(model, tokenizer, args)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefix.json").write_text(json.dumps(result, indent=1))
     (args.out / "prefix.md").write_text(report(result))

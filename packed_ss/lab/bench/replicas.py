@@ -14,7 +14,7 @@ Reported per configuration: throughput (generated tokens / wall; median [min, ma
 p90 over every request, the affinity (per system prompt, the share of its requests on the replica that took
 most of them, the mean over prompts: 1 keeps each prompt on one replica, 0.5 spreads it evenly over two) and
 the busier replica's share of the requests, the cores each role used (cpu_seconds); and, offline, the most a prefix cache could save here
-(prefill_share). `--prefix-cache` builds the engines with a prefix cache (`Engine(prefix_cache=True)`).
+(prefill_share). The engines keep a prefix cache (the default); `--no-prefix-cache` builds them without.
 Writes DIR/replicas.json and DIR/replicas.md.
 """
 from __future__ import annotations
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, default=None, help=f"requests in flight at most (default {FULL['concurrency']})")
     p.add_argument("--rounds", type=int, default=None, help=f"rounds over the configurations (default {FULL['rounds']})")
     p.add_argument("--cpus", type=int, default=2, help="CPUs of the Ray instance (default 2)")
-    p.add_argument("--prefix-cache", action="store_true", help="engines with a prefix cache (Engine(prefix_cache=True))")
+    p.add_argument("--no-prefix-cache", action="store_true", help="engines without a prefix cache (default: with)")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     runs = {name: [] for name in CONFIGS}
     for _ in range(args.rounds):
         for name, config in CONFIGS.items():
-            serve.run(build_app(**config, num_cpus=1, served_model_name="default", prefix_cache=args.prefix_cache),
+            serve.run(build_app(**config, num_cpus=1, served_model_name="default", prefix_cache=not args.no_prefix_cache),
                       name=APP_NAME, route_prefix="/")
             clients.submit(client_process, url, WARM_UP, 4, len(WARM_UP)).result()   # each replica measures its costs
             before = cpu_seconds()
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"command": " ".join(sys.argv), "machine": platform.processor() or platform.machine(), "cpus": args.cpus,
             "requests": len(prompts), "systems": SYSTEMS, "users": args.users, "max_new_tokens": args.max_new_tokens,
-            "concurrency": args.concurrency, "rounds": args.rounds, "prefix_cache": args.prefix_cache, **share}
+            "concurrency": args.concurrency, "rounds": args.rounds, "prefix_cache": not args.no_prefix_cache, **share}
     (args.out / "replicas.json").write_text(json.dumps({"meta": meta, "summary": rows, "raw": runs}, indent=1))
     (args.out / "replicas.md").write_text(table + "\n")
     print(table)

@@ -10,11 +10,7 @@ import torch
 from .decode.sampling import SamplingParams
 from .decode.schedules import DRAFT_SOURCES
 from .runtime import Request
-
-# The default draft source of packed, linear and quadratic, by measurement (bench/RESULTS.md, "Two drafters"):
-# on HumanEval the shipped model's greedy Packed-SS runs 3.9x AR with both drafters against 1.2x with diffusion
-# drafts alone, and at T = 1, where lookup drafts are rarely accepted, costs about 7% at the same width.
-DRAFTS = "both"
+from .runtime.program import Program
 
 
 def check_int(name, value, low, high=None):
@@ -38,26 +34,30 @@ def token_ids(name: str, ids, vocab: int) -> list[int]:
     return list(ids)
 
 
-def check_drafts(model, schedule: str, drafts: str | None) -> str | None:
-    """The draft source of `schedule` on `model` (None for AR and the any-order decoders), or a ValueError: a
-    schedule or source that drafts by diffusion needs a model with a drafting mode (a mask_token_id)."""
+def check_drafts(model, schedule: type[Program], drafts: str | None) -> str | None:
+    """The draft source of `schedule` (a class of the registry) on `model`: `drafts`, or by default the first of
+    the schedule's `draft_sources` the model can run; None for a schedule that does not draft and the any-order
+    decoders (which draft by diffusion). A ValueError for a source the schedule does not take, or one that
+    drafts by diffusion (a schedule that `proposes` always does) on a model with no drafting mode (no
+    mask_token_id)."""
     if drafts is not None and drafts not in DRAFT_SOURCES:
         raise ValueError(f"drafts must be one of {DRAFT_SOURCES} or None, got {drafts!r}")
-    if schedule == "ar" or model.cfg.any_order:
+    takes = schedule.draft_sources
+    if not takes or model.cfg.any_order:
         if drafts not in (None, "diffusion"):
-            what = "schedule 'ar' does not draft" if schedule == "ar" else "an any-order model drafts by diffusion only"
+            what = (f"schedule {schedule.name!r} does not draft" if not takes else
+                    "an any-order model drafts by diffusion only")
             raise ValueError(f"drafts={drafts!r}: {what}")
         return None
-    if schedule == "lookup":
-        if drafts not in (None, "lookup"):
-            raise ValueError(f"drafts={drafts!r}: schedule 'lookup' drafts by lookup alone")
-        return "lookup"
-    if schedule == "adaptive" and model.cfg.mask_token_id is None and drafts in (None, "lookup"):
-        return "lookup"     # a causal model: AR and lookup shapes
-    if model.cfg.mask_token_id is None:
-        raise ValueError(f"schedule {schedule!r} feeds the model mask rows, and this model has no drafting mode (no "
-                         "mask_token_id in its config.json): use schedule='lookup' (n-gram drafts) or 'ar'")
-    return drafts or DRAFTS
+    if drafts is not None and drafts not in takes:
+        raise ValueError(f"drafts={drafts!r}: schedule {schedule.name!r} takes drafts from {takes}")
+    if model.cfg.mask_token_id is not None:
+        return drafts or takes[0]
+    if not schedule.proposes and drafts in (None, "lookup") and "lookup" in takes:
+        return "lookup"     # a causal model: lookup drafts alone
+    raise ValueError(f"schedule {schedule.name!r} with drafts={drafts or takes[0]!r} feeds the model mask rows, and "
+                     "this model has no drafting mode (no mask_token_id in its config.json): use schedule='lookup' "
+                     "(n-gram drafts) or 'ar'")
 
 
 def check_request(engine, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,

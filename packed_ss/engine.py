@@ -64,7 +64,8 @@ class Engine:
         and the widest shape is policy.NARROW wide (that sampler's verification costs W x vocabulary per row).
         `drafts` (packed, linear, quadratic): where drafts come from, "diffusion" (the model's mask rows),
         "lookup" (the continuation of the latest n-gram match in the prompt and output, decode/lookup.py) or
-        "both" (the lookup draft where there is a match, the diffusion proposal elsewhere); default checks.DRAFTS.
+        "both" (the lookup draft where there is a match, the diffusion proposal elsewhere); default: the schedule's first
+        `draft_sources` the model can run ("both"; "lookup" on a model without a drafting mode).
         `width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
         maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
         and this device's per-call latency, measured once per process (width.py); at most the model's
@@ -116,7 +117,7 @@ class Engine:
             kind = "an any-order" if any_order else "this (left-to-right)"
             raise ValueError(f"schedule must be one of {sorted(schedules(any_order))} for {kind} model, got "
                              f"{schedule!r}")
-        drafts = check_drafts(model, schedule, drafts)
+        drafts = check_drafts(model, schedules(any_order)[schedule], drafts)
         if order is not None and order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS} or None, got {order!r}")
         if order not in (None, "ltr") and (not any_order or schedule in ("ar", "threshold")):
@@ -172,7 +173,7 @@ class Engine:
         install and remembered; the fixed default without a profile. Sets `width_source`."""
         cfg, profile = self.model.cfg, self.model.draft_profile
         limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
-        kind = profile_kind(self.schedule_name, self.any_order, self.drafts)
+        kind = profile_kind(schedules(self.any_order)[self.schedule_name], self.drafts)
         if profile is None or kind not in profile:
             self.width_source = "default (no acceptance profile)"
             return min(limit, DEFAULT_WIDTH) if not cfg.block_size else limit

@@ -10,6 +10,7 @@ from tiny_models import checkpoint, hf_greedy
 import packed_ss
 from packed_ss.decode.lookup import CONTEXT, NGRAMS, continuation, lookup_draft
 from packed_ss.decode.sampling import SamplingParams
+from packed_ss.decode import registry
 from packed_ss.decode.registry import schedules
 from packed_ss.decode.state import DecodeState
 
@@ -164,16 +165,39 @@ def test_a_causal_checkpoint_decodes_with_lookup(name):
     for schedule in ("linear", "quadratic", "packed"):
         with pytest.raises(ValueError, match="no drafting mode"):
             packed_ss.Engine(model, schedule=schedule)
+    with pytest.raises(ValueError, match="no drafting mode"):
+        packed_ss.Engine(model, drafts="both")
 
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(drafts="ngram"), "drafts must be one of"),
     (dict(schedule="ar", drafts="lookup"), "schedule 'ar' does not draft"),
-    (dict(schedule="lookup", drafts="both"), "schedule 'lookup' drafts by lookup alone"),
+    (dict(schedule="lookup", drafts="both"), r"schedule 'lookup' takes drafts from \('lookup',\)"),
 ])
 def test_bad_draft_options(shipped, kwargs, message):
     with pytest.raises(ValueError, match=message):
         packed_ss.Engine(shipped[0], **kwargs)
+
+
+def test_a_new_schedule_is_a_class_and_a_registry_line(shipped, monkeypatch):
+    """A schedule declares where its drafts come from (`draft_sources`) and which replay predicts it (`replay`):
+    registered under a new name it is checked, built, sized and run like the shipped ones, nothing else
+    changed. Here lookup drafts verified at most 3 deep, on the shipped model (which also has a drafting mode)."""
+    class LookupThree(schedules()["lookup"]):
+        name = "lookup3"
+
+        def __init__(self, model, width, params, epilogue, draft_source="lookup"):
+            super().__init__(model, min(width, 3), params, epilogue, draft_source)
+
+    monkeypatch.setitem(registry.SCHEDULES, "lookup3", (LookupThree, None))
+    model, prompt = packed_ss.load_model(dtype=torch.float64), shipped[1][0]
+    engine = packed_ss.Engine(model, schedule="lookup3", epilogue="torch")
+    assert engine.drafts == "lookup"
+    got = engine.generate(prompt, max_new_tokens=32)
+    assert got.tokens == packed_ss.Engine(model, schedule="ar").generate(prompt, max_new_tokens=32).tokens
+    assert got.n_accepted > 0 and len(got.accepted_at) == 3
+    with pytest.raises(ValueError, match="schedule 'lookup3' takes drafts from"):
+        packed_ss.Engine(model, schedule="lookup3", drafts="diffusion")
 
 
 def test_every_schedule_is_covered():

@@ -51,8 +51,15 @@ class Program:
     its prefill drafted already); `max_batch`: how many requests may share a batch (None: no limit of its own);
     `cache_in_order`: whether committed cache position len(prompt) + i holds output token i (the prefix cache
     publishes outputs only then); `policy`: the policy that picks each iteration's call shape among `shapes`
-    (decode/policy.py; None: one shape, `steps`)."""
+    (decode/policy.py; None: one shape, `steps`). What the engine checks before building one: `draft_sources`,
+    where its drafts may come from (checks.check_drafts), its default first (none: it does not draft);
+    `proposes`, whether its calls feed the model mask rows whatever the source (so it needs a drafting mode);
+    and `replay`, the acceptance profile's replay that predicts its tokens per iteration (width.profile_kind;
+    None: no profile picks its width)."""
     name = ""
+    draft_sources: tuple[str, ...] = ()
+    proposes = False
+    replay: str | None = None
     block: int
     reserve: int
     steps: list[Step]

@@ -7,6 +7,7 @@ from .base import Schedule, Step, layout
 class AR(Schedule):
     name = "ar"
     proposes = False
+    draft_sources = ()
 
     def __init__(self, model, width, params, epilogue, draft_source=None):
         super().__init__(model, width, params, epilogue, draft_source)

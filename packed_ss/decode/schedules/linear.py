@@ -11,6 +11,7 @@ from .base import Schedule, Step, layout
 
 class Linear(Schedule):
     name = "linear"
+    replay = "fresh"
 
     def __init__(self, model, width, params, epilogue, draft_source="diffusion"):
         super().__init__(model, width, params, epilogue, draft_source)

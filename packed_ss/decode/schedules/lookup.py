@@ -13,10 +13,10 @@ from .base import Schedule, Step, layout
 class Lookup(Schedule):
     name = "lookup"
     proposes = False
+    draft_sources = ("lookup",)
+    replay = "lookup"
 
     def __init__(self, model, width, params, epilogue, draft_source="lookup"):
-        if draft_source != "lookup":
-            raise ValueError(f"schedule 'lookup' drafts by lookup alone, not drafts={draft_source!r}")
         super().__init__(model, width, params, epilogue, draft_source)
         self.offsets = torch.arange(self.block, device=self.device)
         self.layout = layout(self.device, self.block)

@@ -12,6 +12,7 @@ from .base import Schedule, Step, layout
 
 class Packed(Schedule):
     name = "packed"
+    replay = "lagged"
 
     def __init__(self, model, width, params, epilogue, draft_source="diffusion"):
         super().__init__(model, width, params, epilogue, draft_source)

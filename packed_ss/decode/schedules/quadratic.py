@@ -12,6 +12,7 @@ from .base import Schedule, Step, layout
 
 class Quadratic(Schedule):
     name = "quadratic"
+    replay = "fresh"
 
     def __init__(self, model, width, params, epilogue, draft_source="diffusion"):
         super().__init__(model, width, params, epilogue, draft_source)

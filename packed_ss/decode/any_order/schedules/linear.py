@@ -15,6 +15,7 @@ from .base import AnyOrderSchedule, confidence
 
 class Linear(AnyOrderSchedule):
     name = "linear"
+    replay = "fresh"
 
     def build(self):
         self.draft_call = Call(self.device, self.mask_id, self.n_pending, 0, self.width, n_draft=self.width)

@@ -14,6 +14,7 @@ from .base import AnyOrderSchedule
 
 class Packed(AnyOrderSchedule):
     name = "packed"
+    replay = "lagged"
 
     def build(self):
         self.call = Call(self.device, self.mask_id, self.n_pending, self.width, 2 * self.width, n_draft=self.width)

@@ -13,6 +13,7 @@ from .base import AnyOrderSchedule
 
 class Quadratic(AnyOrderSchedule):
     name = "quadratic"
+    replay = "branch"
 
     def build(self):
         w = self.width

@@ -12,6 +12,7 @@ length and batch, tau raised by the measured non-model time of the schedule's it
 """
 from __future__ import annotations
 
+from ....decode.registry import schedules
 from ....decode.sampling import SamplingParams
 from ....engine import Engine
 from ....runtime.program import call_layouts
@@ -74,7 +75,7 @@ def project(fit: dict, rows: dict[str, dict[int, list[int]]], nonmodel_ms: dict[
     batch, out = fit["batch"], []
     for name, src in sources.items():
         for schedule, calls in rows.items():
-            kind = profile_kind(schedule, any_order)
+            kind = profile_kind(schedules(any_order)[schedule])
             if kind is not None and kind not in src:
                 continue
             tokens = src[kind] if kind else [1.0]

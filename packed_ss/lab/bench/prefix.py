@@ -10,17 +10,22 @@
    Reported: the median time to the first streamed token of each and the ratio hit / miss per round (median
    and a bootstrap 95% interval over rounds), and the tokens of both (the same in float64; in lower precision
    up to the rounding of a call of other rows).
-2. Memory. `--batch` requests of ragged prompts (8 to `--prefix` tokens) and caps stream together; after every
-   iteration, the bytes of K/V pages the pool holds against the bytes the live requests' tokens need (prompt +
-   output so far): the excess per request, in cache positions, against one page plus the rows one call may
-   write (the program's reserve).
+2. Memory. `--batch` requests of ragged prompts (8 to `--prefix` tokens) and caps stream together; once the
+   tokens of each host read are delivered, the bytes of K/V pages the pool holds against the bytes the live
+   requests' tokens need (prompt + output delivered): the excess per request, in cache positions, against its
+   bound, one page, the tokens of the iteration in flight (the host reads a step's tokens after it has
+   launched the next) and the rows one call may write (the program's reserve).
 3. Serving. `--clients` clients share a `--system`-token system prompt (the same head), each sending
    `--turns` requests of it and a fresh `--suffix`-token user turn, one after another (`--reply` tokens each,
    greedy), to the OpenAI-compatible server on loopback, streamed with the `openai` client from a process of its
    own. Two servers over the same model, the engine's default schedule, prefix cache on and off, each sent the
    system prompt once before timing (as a server that has seen it), alternate over `--server-rounds` rounds.
-   Reported: generated tokens per second of each and the ratio on / off per round. Writes DIR/prefix.json and
-   DIR/prefix.md.
+   Reported: generated tokens per second of each and the ratio on / off per round.
+4. Agreement. `--agree` HumanEval prompts behind the `--system`-token head, each decoded alone (`--max-new-tokens`,
+   the default schedule) greedy and sampled (T = 0.7, top-p 0.95, seeded), by an engine whose prefix cache holds
+   the head and by one with it off: how many outputs are token-identical (all of them in float64; in float32 and
+   bfloat16 a hit's call has fewer rows, so a near-tie may flip), and where the first differs.
+`--parts` picks the parts (default all). Writes DIR/prefix.json and DIR/prefix.md.
 """
 from __future__ import annotations
 
@@ -46,9 +51,9 @@ from .serve import client_process, serve_in_thread
 from .stats import bootstrap_counts
 
 FULL = dict(prefix=1024, suffix=8, rounds=12, batch=8, max_new_tokens=64, system=512, clients=16, turns=2, reply=32,
-            server_rounds=4)
+            server_rounds=4, agree=16)
 QUICK = dict(prefix=448, suffix=8, rounds=4, batch=4, max_new_tokens=24, system=256, clients=4, turns=2, reply=8,
-             server_rounds=2)
+             server_rounds=2, agree=4)
 
 
 def head_tokens(tokenizer, n: int) -> list[int]:
@@ -98,7 +103,9 @@ def time_to_first_token(model, tokenizer, args) -> dict:
 
 
 def memory(model, tokenizer, args) -> dict:
-    """Pool bytes held against the live tokens' bytes after every iteration of a ragged streamed batch."""
+    """Pool bytes held against the live tokens' bytes after every host read of a ragged streamed batch. The
+    events of one read are a run in which no request repeats and the pages held stay the same: a sample is
+    taken where a run ends (a run may join two reads, which only leaves a sample out)."""
     head = head_tokens(tokenizer, args.prefix)
     rng = np.random.default_rng(1)
     lengths = [int(n) for n in rng.integers(8, args.prefix + 1, args.batch)]
@@ -108,19 +115,26 @@ def memory(model, tokenizer, args) -> dict:
     program = engine.program(SamplingParams())
     usage = engine.kv_usage()
     received = [0] * args.batch
-    samples = []
-    for i, tokens in engine.stream_batch(prompts, max_new_tokens=caps, eos_token_id=[]):
-        received[i] += len(tokens)
+    samples, run, run_held = [], set(), None
+
+    def sample():
         live = [j for j in range(args.batch) if received[j] < caps[j]]
-        if live:
-            held_slots = engine.kv_usage().held * usage.page_size
-            need = sum(lengths[j] + received[j] for j in live)
-            samples.append((held_slots - need) / len(live))
+        if live and run_held is not None:
+            samples.append((run_held * usage.page_size - sum(lengths[j] + received[j] for j in live)) / len(live))
+
+    for i, tokens in engine.stream_batch(prompts, max_new_tokens=caps, eos_token_id=[]):
+        held = engine.kv_usage().held
+        if i in run or held != run_held:
+            sample()
+            run, run_held = set(), held
+        run.add(i)
+        received[i] += len(tokens)
+    sample()
     per_token = usage.page_bytes // usage.page_size
     return {"batch": args.batch, "prompt_lengths": lengths, "caps": caps, "page_size": usage.page_size,
             "bytes_per_token": per_token, "reserve": program.reserve, "block": program.block,
             "excess_slots_per_request_max": max(samples), "excess_slots_per_request_mean": float(np.mean(samples)),
-            "bound_slots": usage.page_size + program.reserve,
+            "bound_slots": usage.page_size + program.block + program.reserve,
             "contiguous_slots_per_request": float(np.mean([(n + c + program.reserve + 255) // 256 * 256
                                                             for n, c in zip(lengths, caps)]))}
 
@@ -159,34 +173,81 @@ def serving(model, tokenizer, args) -> dict:
             "ratio_median": float(np.median(ratio)), "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max())}
 
 
+def agreement(model, tokenizer, args) -> dict:
+    """Outputs of requests behind a cached head against the same requests with the prefix cache off."""
+    from ..humaneval import humaneval_prompts
+
+    head = head_tokens(tokenizer, args.system)
+    room = model.cfg.max_seq_len - args.system - args.max_new_tokens
+    prompts = [head + tokenizer.encode(text).ids[:room] for _, text in humaneval_prompts(args.agree)]
+    hit_engine, miss_engine = Engine(model), Engine(model, prefix_cache=False)
+    hit_engine.generate(head + prompts[0][args.system:][:1], max_new_tokens=1)      # publish the head
+    result = {}
+    for name, sampling in (("greedy", {}), ("sampled", dict(temperature=0.7, top_p=0.95))):
+        same, first_differs = 0, []
+        for i, prompt in enumerate(prompts):
+            kwargs = dict(max_new_tokens=args.max_new_tokens, **sampling, **({"seed": i} if sampling else {}))
+            hit, miss = hit_engine.generate(prompt, **kwargs), miss_engine.generate(prompt, **kwargs)
+            same += hit.tokens == miss.tokens
+            if hit.tokens != miss.tokens:
+                first_differs.append(next((j for j, (a, b) in enumerate(zip(hit.tokens, miss.tokens)) if a != b),
+                                          min(len(hit.tokens), len(miss.tokens))))
+        result[name] = {"same": same, "of": len(prompts), "first_differs_at": first_differs}
+    result["hit_rate"] = hit_engine.kv_usage().hit_rate
+    return result
+
+
+def ttft_lines(t: dict, options: dict) -> list[str]:
+    return [f"Time to first token, a {t['prefix']}-token head cached vs not (+{t['suffix']} fresh tokens, "
+            f"{t['rounds']} paired rounds, schedule ar):",
+            "",
+            "| | median s | ratio hit / miss [95%] | same tokens |",
+            "|---|---:|---|---:|",
+            f"| prefix cache hit | {t['hit_median_s']:.3f} | {t['ratio_mean']:.3f} [{t['ratio_lo']:.3f}, "
+            f"{t['ratio_hi']:.3f}] | {t['same_tokens']} / {t['rounds']} |",
+            f"| miss (prefix cache off) | {t['miss_median_s']:.3f} | | |"]
+
+
+def memory_lines(m: dict, options: dict) -> list[str]:
+    return [f"Memory: {m['batch']} ragged requests streamed together (Packed-SS W = 7, pages of {m['page_size']} "
+            f"positions, {m['bytes_per_token']} bytes per cache position): pages held beyond the live tokens, per "
+            f"request, max {m['excess_slots_per_request_max']:.1f} and mean {m['excess_slots_per_request_mean']:.1f} "
+            f"positions (bound: a page + the iteration in flight + the rows one call may write = {m['bound_slots']}); a "
+            f"contiguous cache sized as before paging would reserve {m['contiguous_slots_per_request']:.0f} "
+            "positions per request."]
+
+
+def serving_lines(v: dict, options: dict) -> list[str]:
+    return [f"Serving: {v['clients']} clients share a {v['system']}-token system prompt, {v['clients'] * v['turns']} "
+            f"requests a round (+{options['suffix']} fresh tokens, {v['reply']} generated, greedy), {v['rounds']} "
+            "rounds:",
+            "",
+            "| prefix cache | tok/s (median) | on / off (median [min, max] over rounds) |",
+            "|---|---:|---|",
+            f"| on | {v['on_median']:.1f} | {v['ratio_median']:.2f}x [{v['ratio_min']:.2f}, {v['ratio_max']:.2f}] |",
+            f"| off | {v['off_median']:.1f} | |"]
+
+
+def agreement_lines(a: dict, options: dict) -> list[str]:
+    said = {name: f"{a[name]['same']} / {a[name]['of']} (first difference at {a[name]['first_differs_at']})"
+            for name in ("greedy", "sampled")}
+    return [f"Agreement, prefix cache on vs off ({a['greedy']['of']} HumanEval prompts behind the "
+            f"{options['system']}-token head, each alone, the default schedule): token-identical outputs, greedy "
+            f"{said['greedy']}, sampled {said['sampled']}."]
+
+
+PARTS = {"ttft": (time_to_first_token, ttft_lines), "memory": (memory, memory_lines),
+         "serving": (serving, serving_lines), "agreement": (agreement, agreement_lines)}
+
+
 def report(result: dict) -> str:
-    t, m, v, machine = result["ttft"], result["memory"], result["serving"], result["machine"]
-    return "\n".join([
-        f"{machine['model']} ({machine['dtype']}), {machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}",
-        "",
-        f"Time to first token, a {t['prefix']}-token head cached vs not (+{t['suffix']} fresh tokens, {t['rounds']} "
-        "paired rounds, schedule ar):",
-        "",
-        "| | median s | ratio hit / miss [95%] | same tokens |",
-        "|---|---:|---|---:|",
-        f"| prefix cache hit | {t['hit_median_s']:.3f} | {t['ratio_mean']:.3f} [{t['ratio_lo']:.3f}, {t['ratio_hi']:.3f}] "
-        f"| {t['same_tokens']} / {t['rounds']} |",
-        f"| miss (prefix cache off) | {t['miss_median_s']:.3f} | | |",
-        "",
-        f"Memory: {m['batch']} ragged requests streamed together (Packed-SS W = 7, pages of {m['page_size']} positions, "
-        f"{m['bytes_per_token']} bytes per cache position): pages held beyond the live tokens, per request, "
-        f"max {m['excess_slots_per_request_max']:.1f} and mean {m['excess_slots_per_request_mean']:.1f} positions "
-        f"(bound: a page + the rows one call may write, its reserve = {m['bound_slots']}); a contiguous cache "
-        f"sized as before paging would reserve {m['contiguous_slots_per_request']:.0f} positions per request.",
-        "",
-        f"Serving: {v['clients']} clients share a {v['system']}-token system prompt, {v['clients'] * v['turns']} "
-        f"requests a round (+{t['suffix']} fresh tokens, {v['reply']} generated, greedy), {v['rounds']} rounds:",
-        "",
-        "| prefix cache | tok/s (median) | on / off (median [min, max] over rounds) |",
-        "|---|---:|---|",
-        f"| on | {v['on_median']:.1f} | {v['ratio_median']:.2f}x [{v['ratio_min']:.2f}, {v['ratio_max']:.2f}] |",
-        f"| off | {v['off_median']:.1f} | |",
-    ]) + "\n"
+    machine = result["machine"]
+    lines = [f"{machine['model']} ({machine['dtype']}), {machine['cpu']}, {machine['threads']} threads, "
+             f"torch {machine['torch']}"]
+    for part, (_, said) in PARTS.items():
+        if part in result:
+            lines += [""] + said(result[part], result["options"])
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -198,6 +259,7 @@ def main(argv=None) -> int:
     for key in FULL:
         p.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default {FULL[key]}")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default all)")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -213,9 +275,9 @@ def main(argv=None) -> int:
     print(f"bench-prefix: {path.name}, dtype {dtype_said(model)}", file=sys.stderr)
     result = {"machine": {"model": path.name, "dtype": str(model.dtype).removeprefix("torch."), "cpu": cpu_name(),
                           "processor": platform.processor(), "threads": args.threads, "torch": torch.__version__},
-              "options": {k: getattr(args, k) for k in FULL},
-              "ttft": time_to_first_token(model, tokenizer, args), "memory": memory(model, tokenizer, args),
-              "serving": serving(model, tokenizer, args)}
+              "options": {k: getattr(args, k) for k in FULL}}
+    for part in args.parts:
+        result[part] = PARTS[part][0](model, tokenizer, args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefix.json").write_text(json.dumps(result, indent=1))
     (args.out / "prefix.md").write_text(report(result))

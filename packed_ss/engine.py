@@ -20,6 +20,7 @@ from .decode.shared_noise import SharedNoise
 from .model.attention import attention_backend
 from .model.dual_mode import PAGE_SIZE, DualModeModel
 from .runtime import GenerateResult, Request, Runtime
+from .runtime.executor import executor_for
 from .runtime.batch import CACHE_QUANTUM
 from .runtime.kv_pool import KVUsage
 from .runtime.loop import PREFILL_CHUNK
@@ -64,8 +65,8 @@ class Engine:
         and the widest shape is policy.NARROW wide (that sampler's verification costs W x vocabulary per row).
         `drafts` (packed, linear, quadratic): where drafts come from, "diffusion" (the model's mask rows),
         "lookup" (the continuation of the latest n-gram match in the prompt and output, decode/lookup.py) or
-        "both" (the lookup draft where there is a match, the diffusion proposal elsewhere); default: the schedule's first
-        `draft_sources` the model can run ("both"; "lookup" on a model without a drafting mode).
+        "both" (the lookup draft where there is a match, the diffusion proposal elsewhere); default: the
+        schedule's first `draft_sources` the model can run ("both"; "lookup" on a model without a drafting mode).
         `width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
         maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
         and this device's per-call latency, measured once per process (width.py); at most the model's
@@ -146,10 +147,9 @@ class Engine:
             raise ValueError(f"page_size must divide {CACHE_QUANTUM}, got {page_size}")
         self.epilogue = self._pick_epilogue(epilogue, model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
-        mode = "graph" if cuda_graph else ("compile" if compile else "eager")
-        self.runtime = Runtime(model, attention_backend(self.backend), mode,
-                               ("inductor" if compile is True else compile) or None, self.max_seq_len,
-                               prefill_chunk, kv_cache_bytes, page_size, bool(prefix_cache))
+        executor = executor_for(cuda_graph, ("inductor" if compile is True else compile) or None)
+        self.runtime = Runtime(model, attention_backend(self.backend), executor, self.max_seq_len, prefill_chunk,
+                               kv_cache_bytes, page_size, bool(prefix_cache))
         self._programs: dict[SamplingParams, object] = {}
         self.width_source = "given"
         self.policy_type = Policy          # the adaptive schedule's (tests put a policy that switches at will)
@@ -181,7 +181,8 @@ class Engine:
         key = {"model": model_fingerprint(self.model), "device": str(self.model.device),
                "dtype": str(self.model.dtype), **machine(self.model.device), "schedule": self.schedule_name,
                "drafts": self.drafts, "order": self.order, "epilogue": self.epilogue, "backend": self.backend,
-               "mode": self.runtime.mode, "compile": self.runtime.compile_backend, "profile": profile[kind][:len(widths)]}
+               "mode": self.runtime.executor.name, "compile": self.runtime.executor.compile_backend,
+               "profile": profile[kind][:len(widths)]}
         entry, measured = remembered(key, lambda: {"width": self._measure_width(profile[kind], widths)})
         self.width_source = "measured now" if measured else f"remembered from {entry['measured_at']}"
         return entry["width"]
@@ -192,7 +193,7 @@ class Engine:
         counts = sorted({r for calls in rows.values() for r in calls})
         cost = call_cost(self.model, self.runtime.attend, self.backend,
                          [counts[0], counts[len(counts) // 2], counts[-1]])
-        if self.runtime.mode == "eager":    # compiled and captured steps hold their non-model work inside
+        if self.runtime.executor.times_model:   # compiled and captured steps hold their non-model work inside
             probe = widths[0]
             overhead = step_overhead(self._probe_key(), partial(self._probe, probe),
                                      cost.iteration_ms(rows[probe]) / len(rows[probe]))
@@ -252,7 +253,7 @@ class Engine:
         """An adaptive program's iteration costs per shape at batch 1 and COST_BATCH, measured once per process
         for each model, device, setting and runner (they change the speed of its choices, never the output)."""
         key = (id(self.model), str(self.model.device), self.model.dtype, width, self.drafts, params, epilogue,
-               self.backend, self.runtime.mode, self.runtime.compile_backend)
+               self.backend, self.runtime.executor.name, self.runtime.executor.compile_backend)
         if key not in _shape_costs:
             _shape_costs[key] = self.runtime.shape_costs(program, (1, COST_BATCH))
         return _shape_costs[key]

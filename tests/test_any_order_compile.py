@@ -15,6 +15,7 @@ from packed_ss.decode.registry import schedules
 from packed_ss.decode.epilogue import TorchEpilogue
 from packed_ss.model.attention import packed_attention_ref
 from packed_ss.runtime import Request, Runtime
+from packed_ss.runtime.executor import Compiled
 
 PROMPTS = [[5, 17, 33, 2, 8], [60, 3]]
 GREEDY, SAMPLED = SamplingParams(), SamplingParams(temperature=1.0, top_k=20)
@@ -52,7 +53,7 @@ def test_compiled_steps_equal_eager(model, schedule, order, params, backend):
     """Runtime modes "eager" and "compile" (each step: input, model call, update) give the same run."""
     program = schedules(any_order=True)[schedule](model, 3, params, TorchEpilogue(model.device, 3, params), order)
     eager = Runtime(model, packed_attention_ref)
-    compiled = Runtime(model, packed_attention_ref, "compile", backend)
+    compiled = Runtime(model, packed_attention_ref, Compiled(backend))
     for prompt in PROMPTS[:1]:   # each new shape (cache, stop table) compiles again
         free = _decode(eager, program, prompt, [])[0]
         for stops in ([], [tuple(free[5:7]), (free[9],)]):

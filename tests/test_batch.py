@@ -27,6 +27,7 @@ import packed_ss.decode.epilogue.native as native_mod
 import packed_ss.decode.epilogue.operator as operator_mod
 from packed_ss.cli import main
 from packed_ss.decode.epilogue import native_available
+from packed_ss.runtime.executor import Graphs
 
 EPILOGUES = [pytest.param("native", marks=pytest.mark.skipif(not native_available("cpu"),
                                                              reason="native epilogue not built")), "torch"]
@@ -76,7 +77,7 @@ def test_batch_equals_alone(request, model, schedule, epilogue, sampling, mode):
     assert want[0].tokens == out[:at + 1]
     if mode == "graph":
         request.getfixturevalue("eager_graphs")
-        engine.runtime.mode = "graph"  # the CPU stand-ins replace capture (conftest.py)
+        engine.runtime.executor = Graphs(engine.runtime.executor.compile_backend)  # CPU stand-ins capture (conftest)
     for batch_size in (len(PROMPTS), 2):
         got = engine.generate_batch(PROMPTS, max_new_tokens=CAPS, seed=seeds, stop_token_ids=[out[at]],
                                     batch_size=batch_size, **kwargs)
@@ -176,7 +177,7 @@ def test_stream_batch_yields_each_requests_tokens(request, model, mode):
     want = engine.generate_batch(PROMPTS, **kwargs)
     if mode == "graph":
         request.getfixturevalue("eager_graphs")
-        engine.runtime.mode = "graph"
+        engine.runtime.executor = Graphs(engine.runtime.executor.compile_backend)
     decoding, streamed = engine.stream_batch(PROMPTS, **kwargs), [[] for _ in PROMPTS]
     while True:
         try:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import packed_ss
+from packed_ss.runtime.executor import Graphs
 from packed_ss.lab.bench import batch
 from packed_ss.lab.humaneval import humaneval_prompts, prompts_file
 
@@ -87,7 +88,8 @@ def test_cuda_graph_loop_through_the_cpu_stand_ins(tmp_path, prompts, monkeypatc
     class GraphEngine(packed_ss.Engine):     # Engine(cuda_graph=True) needs CUDA; the stand-ins replace capture
         def __init__(self, model, cuda_graph=False, **kwargs):
             super().__init__(model, **kwargs)
-            self.runtime.mode = "graph" if cuda_graph else self.runtime.mode
+            if cuda_graph:
+                self.runtime.executor = Graphs(self.runtime.executor.compile_backend)
 
     monkeypatch.setattr(batch, "Engine", GraphEngine)
     out = tmp_path / "graph"

@@ -8,6 +8,7 @@ import torch
 from tiny_models import checkpoint
 
 import packed_ss
+from packed_ss.runtime.executor import Graphs
 from packed_ss.runtime.batch import Batch
 
 PROMPTS = [[3, 17, 42, 8, 9], list(range(1, 20)), [60, 3], [11, 11, 40, 7, 7, 90, 1, 4]]
@@ -162,7 +163,7 @@ def test_interleaved_streams_in_graph_mode(model, eager_graphs):
     (CPU stand-ins replace capture: the conftest fixture)."""
     eager = packed_ss.Engine(model, schedule="packed", width=3)
     graphed = packed_ss.Engine(model, schedule="packed", width=3)
-    graphed.runtime.mode = "graph"
+    graphed.runtime.executor = Graphs(graphed.runtime.executor.compile_backend)
     reqs = requests(3)
     alone = [eager.generate(**r).tokens for r in reqs]
     streams, got = [graphed.stream(**r) for r in reqs], [[] for _ in reqs]

@@ -9,6 +9,7 @@ import torch
 from tiny_models import checkpoint
 
 import packed_ss
+from packed_ss.runtime.executor import Graphs
 from packed_ss.decode.epilogue import native_available
 from packed_ss.decode.sampling import SamplingParams
 
@@ -18,7 +19,7 @@ EPILOGUES = [pytest.param("native", marks=pytest.mark.skipif(not native_availabl
 
 
 def _check_graph_loop(eager, graphed, replays, requests):
-    graphed.runtime.mode = "graph"     # the CPU stand-ins replace capture (fixture)
+    graphed.runtime.executor = Graphs(graphed.runtime.executor.compile_backend)   # CPU stand-ins capture (fixture)
     for i, req in enumerate(requests * 2):
         kwargs = dict(req, seed=i)
         prompt = kwargs.pop("prompt")
@@ -71,7 +72,7 @@ def test_graph_batch_follows_the_requests(eager_graphs):
     model = packed_ss.load_model(checkpoint("llama-gqa"), dtype=torch.float32)
     eager = packed_ss.Engine(model, schedule="packed", width=3)
     graphed = packed_ss.Engine(model, schedule="packed", width=3, max_seq_len=4096)
-    graphed.runtime.mode = "graph"
+    graphed.runtime.executor = Graphs(graphed.runtime.executor.compile_backend)
     scheduler = graphed.runtime.scheduler(graphed.program(SamplingParams(temperature=1.0)))
     for prompt, new, capacity in ((PROMPT, 20, 256), (list(range(1, 90)) * 3, 60, 512), (PROMPT, 20, 512)):
         kwargs = dict(max_new_tokens=new, eos_token_id=[], temperature=1.0, seed=1)
@@ -89,7 +90,7 @@ def test_compiled_steps_inside_the_graph_match_eager(eager_graphs, schedule):
     model = packed_ss.load_model(checkpoint("llama-gqa"), dtype=torch.float32)
     eager = packed_ss.Engine(model, schedule=schedule, width=3)
     both = packed_ss.Engine(model, schedule=schedule, width=3, compile="aot_eager")
-    both.runtime.mode = "graph"
+    both.runtime.executor = Graphs(both.runtime.executor.compile_backend)
     prompts = [PROMPT, list(range(1, 20)), PROMPT[:2]]
     for kwargs in (dict(eos_token_id=[]), dict(eos_token_id=[], temperature=1.0, top_k=8, seed=4)):
         want = eager.generate_batch(prompts, max_new_tokens=[30, 12, 20], **kwargs)
@@ -97,4 +98,4 @@ def test_compiled_steps_inside_the_graph_match_eager(eager_graphs, schedule):
         got = both.generate_batch(prompts, max_new_tokens=[30, 12, 20], **kwargs)
         assert [r.tokens for r in got] == [r.tokens for r in want]
         assert eager_graphs                                   # iterations replayed through the "graph"
-    assert both.runtime._compiled   # the compiled steps (with the native operator, where built) were captured
+    assert both.runtime.executor.compiled   # the compiled steps (with the native operator, where built) were captured

@@ -11,6 +11,7 @@ from sampling_law import ALPHA, N, POWER, PROMPT, T1, TOP_K, TOP_P, ar_checkpoin
 from tiny_models import checkpoint
 
 import packed_ss
+from packed_ss.runtime.executor import Graphs
 import packed_ss.decode.shared_noise as shared_noise
 from packed_ss.decode.epilogue import native_available, native_module
 from packed_ss.decode.epilogue.operator import noise_race
@@ -70,11 +71,11 @@ def test_compiled_and_graph_runners_return_the_ar_sample(model, eager_graphs, mo
     """Compiled steps (aot_eager for inductor) and the CUDA-graph loop (CPU stand-ins for the capture)."""
     engine = packed_ss.Engine(model, schedule="packed", width=3, sampler="gumbel", compile="aot_eager")
     if mode == "graph":
-        engine.runtime.mode = "graph"
+        engine.runtime.executor = Graphs(engine.runtime.executor.compile_backend)
     got = engine.generate_batch(PROMPTS[:3], max_new_tokens=MAX_NEW, eos_token_id=[], seed=[0, 1, 2],
                                 **SETTINGS["T=1.2,p=0.9"])
     assert [r.tokens for r in got] == [ar_sample(model, "T=1.2,p=0.9", tuple(p), i) for i, p in enumerate(PROMPTS[:3])]
-    assert engine.runtime._compiled and (mode == "compile" or eager_graphs)
+    assert engine.runtime.executor.compiled and (mode == "compile" or eager_graphs)
 
 
 @pytest.mark.parametrize("adapter", [None, "drafter"])

@@ -12,7 +12,6 @@ from typing import Callable
 import torch
 
 from ..model.dual_mode import KVCache
-from .graphs import CapturedIteration
 from .poll import Poll
 from .request import Request
 from .staging import staged
@@ -105,7 +104,7 @@ class Batch:
                 for run in runs:
                     run()
                 self.poll.publish(st)
-            return CapturedIteration(run_all) if runtime.mode == "graph" else run_all
+            return runtime.executor.iteration(run_all)
 
         full = iteration(runners)
         entry = self.program.entry

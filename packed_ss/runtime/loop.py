@@ -1,5 +1,5 @@
-"""The decode loop both orders share: the model call, the runners (eager, compiled, CUDA graphs), the K/V pool,
-and a scheduler per program (scheduler.py) that every caller's requests join.
+"""The decode loop both orders share: the model call, its executor (eager, compiled, CUDA graphs: executor.py),
+the K/V pool, and a scheduler per program (scheduler.py) that every caller's requests join.
 
 The batch is one state (decode/state.py: every field has a leading batch dimension, a row per slot), so a
 step is one batched input, one model call and one batched update whatever the batch size (batch.py); a
@@ -15,7 +15,6 @@ programs (other sampling settings) take turns, each batch with its own page tabl
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Callable, Iterator
@@ -24,7 +23,8 @@ import torch
 
 from ..model.attention import Layout
 from ..model.dual_mode import PAGE_SIZE, DualModeModel, KVCache, own_cache
-from .batch import CACHE_QUANTUM, Batch, Clock, Shape, padded
+from .batch import CACHE_QUANTUM, Batch, Clock, Shape
+from .executor import Eager, Executor
 from .kv_pool import KVPool, KVUsage, pool_pages
 from .program import ModelInput, Step
 from .admission import MAX_SLOTS
@@ -32,43 +32,31 @@ from .request import GenerateResult, Request
 from .scheduler import Group, Scheduler
 from .staging import staged
 
-MODES = ("eager", "compile", "graph")
-# Every compiled step is the one lambda of Runtime.runner, so Dynamo counts all of a process's variants
-# against one code object: programs (sampling settings, widths) x steps x padded batch sizes.
-RECOMPILE_LIMIT = 64
 PREFILL_CHUNK = 1024   # prompt tokens per prefill call at most (Runtime)
 COST_REPS = 8          # timed iterations per shape and batch size (Runtime.shape_costs)
 
 
 class Runtime:
-    """Runs programs on one model: the KV cache, the loop in one of MODES, a scheduler per program.
+    """Runs programs on one model: the KV cache, the loop, a scheduler per program.
 
-    `mode`: how an iteration runs: its steps called one by one ("eager"), each step compiled with
-    torch.compile(fullgraph=True, backend=compile_backend) ("compile"), or the whole iteration captured in a
-    CUDA graph and replayed ("graph": its steps compiled inside the graph too when `compile_backend` is set,
-    so a replay launches fused kernels). `prefill_chunk`: the most prompt tokens one call prefills; a longer
-    prompt enters its cache in chunks of that many, one per scheduler step (scheduler.py). `kv_cache_bytes`:
-    the size of the K/V pool all its batches share (kv_pool.py; None: a fraction of the device's memory,
-    `pool_pages`), in pages of `page_size` cache positions; a scheduler admits requests while the pool has
-    pages for them and preempts the latest when a running one needs a page it cannot have. `prefix_cache`:
-    prompts share the published pages of earlier requests' prompts and outputs (kv_pool.py)."""
+    `executor`: how an iteration runs (executor.py: Eager, Compiled or Graphs; default Eager). `prefill_chunk`:
+    the most prompt tokens one call prefills; a longer prompt enters its cache in chunks of that many, one per
+    scheduler step (scheduler.py). `kv_cache_bytes`: the size of the K/V pool all its batches share
+    (kv_pool.py; None: a fraction of the device's memory, `pool_pages`), in pages of `page_size` cache
+    positions; a scheduler admits requests while the pool has pages for them and preempts the latest when a
+    running one needs a page it cannot have. `prefix_cache`: prompts share the published pages of earlier
+    requests' prompts and outputs (kv_pool.py)."""
 
-    def __init__(self, model: DualModeModel, attend, mode: str = "eager", compile_backend: str | None = None,
-                 max_seq_len: int | None = None, prefill_chunk: int = PREFILL_CHUNK,
-                 kv_cache_bytes: int | None = None, page_size: int = PAGE_SIZE, prefix_cache: bool = True):
-        if mode == "compile" and compile_backend is None:
-            raise ValueError("mode 'compile' needs a compile backend")
-        self.model, self.attend, self.mode, self.compile_backend = model, attend, mode, compile_backend
-        if compile_backend is not None:
-            dynamo = torch._dynamo.config
-            dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
+    def __init__(self, model: DualModeModel, attend, executor: Executor | None = None, max_seq_len: int | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK, kv_cache_bytes: int | None = None, page_size: int = PAGE_SIZE,
+                 prefix_cache: bool = True):
+        self.model, self.attend, self.executor = model, attend, executor or Eager()
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         self.prefill_chunk = prefill_chunk
         self.kv_cache_bytes, self.page_size, self.prefix_cache = kv_cache_bytes, page_size, prefix_cache
         self._pool: KVPool | None = None
         self._lock = threading.RLock()
-        self._compiled: dict[int, tuple] = {}         # id(step) -> (step, its compiled call)
-        self._batches: dict[tuple, Batch] = {}        # (id(program), slots) -> persistent batch (graph mode)
+        self._batches: dict[tuple, Batch] = {}        # (id(program), slots) -> batch kept (keeps_batches)
         self._schedulers: dict[int, tuple[object, Scheduler]] = {}   # id(program) -> (program, its scheduler)
         self._last: Scheduler | None = None
         self._callers = 0                             # decodes running now (generators, threads)
@@ -85,7 +73,7 @@ class Runtime:
 
     @property
     def model_s(self) -> float:
-        """Model-call time (eager)."""
+        """Model-call time (an executor that `times_model`)."""
         return self._last.model_s if self._last else 0.0
 
     # -- the model call --------------------------------------------------------------------------------
@@ -116,17 +104,8 @@ class Runtime:
         clock.model_s += time.perf_counter() - t0
 
     def runner(self, step: Step, st, cache: KVCache, clock: Clock) -> Callable[[], None]:
-        """The step as one function: timed eagerly, or compiled whole, or plain (both to be captured in graph
-        mode)."""
-        if self.mode != "eager" and self.compile_backend is not None:
-            if id(step) not in self._compiled:
-                compiled = torch.compile(lambda state, kv: self.call(step, state, kv, None), fullgraph=True,
-                                         backend=self.compile_backend)
-                self._compiled[id(step)] = (step, compiled)
-            compiled = self._compiled[id(step)][1]
-            return lambda: compiled(st, cache)
-        timed = clock if self.mode == "eager" else None
-        return lambda: self.call(step, st, cache, timed)
+        """The step as one function, as the executor runs it."""
+        return self.executor.runner(self.call, step, st, cache, clock)
 
     @torch.inference_mode()
     def shape_costs(self, program, batch_sizes: tuple[int, ...], cached: int = CACHE_QUANTUM) -> list[tuple]:
@@ -179,28 +158,24 @@ class Runtime:
         return -(-tokens // self.page_size)
 
     def capacity(self, program, requests: list[Request]) -> int:
-        """Cache positions per request of a batch made for `requests` (and the program's reserve): rounded up to
-        CACHE_QUANTUM, or, in graph mode, to a power of two (at least CACHE_QUANTUM, at most max_seq_len),
-        so that few shapes are captured as requests grow. It sizes the page table, not the memory held."""
+        """Cache positions per request of a batch made for `requests` (and the program's reserve), as long as the
+        executor's tables are made (executor.py). It sizes the page table, not the memory held."""
         need = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
-        if self.mode == "graph":
-            return min(self.max_seq_len + program.reserve, padded(max(CACHE_QUANTUM, need)))
-        return CACHE_QUANTUM * math.ceil(need / CACHE_QUANTUM)
+        return self.executor.table_length(need, self.max_seq_len + program.reserve)
 
     def batch_size(self, requests: int) -> int:
-        """The slots a step runs over for `requests` requests: that many eagerly; compiled and captured steps
-        the next power of two (few sizes compiled or captured, the padding slots idle)."""
-        return requests if self.mode == "eager" else padded(max(1, requests))
+        """The slots a step runs over for `requests` requests (the executor's padding)."""
+        return self.executor.batch_size(requests)
 
     def hold(self, program, requests: list[Request], slots: int) -> Batch:
-        """State, page table and poll for `slots` requests at a time (compiled and graph modes: padded to a power
-        of two, few sizes compiled or captured, the padding slots idle), held by a scheduler for a busy period,
-        sized for `requests`: output buffers and stop tables for the longest, the table for the longest prompt
-        + new tokens (and the program's reserve). The graph loop keeps one persistent batch per program and slot
-        count, captured again when a longer request comes."""
+        """State, page table and poll for `slots` requests at a time (as many as the executor pads them to), held
+        by a scheduler for a busy period, sized for `requests`: output buffers and stop tables for the longest,
+        the table for the longest prompt + new tokens (and the program's reserve). An executor that
+        `keeps_batches` (CUDA graphs) keeps one per program and slot count, captured again when a longer request
+        comes."""
         slots = self.batch_size(slots)
         capacity = self.capacity(program, requests)
-        if self.mode != "graph":
+        if not self.executor.keeps_batches:
             return Batch(self, program, slots, Shape.for_requests(requests), capacity)
         key = (id(program), slots)
         batch = self._batches.get(key)
@@ -215,7 +190,7 @@ class Runtime:
         request)."""
         slots = self.batch_size(slots)
         batch = Batch(self, old.program, slots, old.shape, max(capacity or 0, old.capacity))
-        if self.mode == "graph":
+        if self.executor.keeps_batches:
             self._batches[(id(old.program), slots)] = batch
         return batch
 

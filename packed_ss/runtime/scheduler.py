@@ -201,8 +201,8 @@ class Scheduler(Admission):
         if publish:
             self.pool.publish(self.batch.pages[slot], (r.request.prompt + output[:n_out])[:rest[0]])
         extras = self.program.finish(st, poll.fetch)
-        # Model time is this request's alone only when it ran alone, eagerly.
-        alone = self.runtime.mode == "eager" and not r.shared
+        # Model time is this request's alone only when it ran alone, timed call by call.
+        alone = self.runtime.executor.times_model and not r.shared
         model_s = self.batch.clock.model_s - r.model_s if alone else math.nan
         return GenerateResult(output[:n_out], nfe, time.perf_counter() - r.began, model_s, n_verify, n_accepted,
                               n_bonus, accepted_at, cached_tokens=r.cached, **extras)
@@ -270,8 +270,7 @@ class Scheduler(Admission):
     def _compact(self) -> None:
         """Once nothing waits, finished requests' slots stop riding along: the running requests move to the
         front slots (state and table rows copied on the device, at most once per finished request) and the batch
-        shrinks to them (compiled and graph modes: to the next power of two, so few sizes are compiled or
-        captured). A table already in flight is read with each request's slot at the time it was issued."""
+        shrinks to them (as many slots as the executor pads them to). A table already in flight is read with each request's slot at the time it was issued."""
         batch = self.batch
         live = [b for b in range(batch.size) if self.running[b] is not None]
         size = self.runtime.batch_size(len(live))

@@ -92,7 +92,7 @@ def decode(engine: Engine, prompts: list[list[int]], batch_size: int | None, see
     stats = dict(wall_s=wall, tokens=sum(len(r.tokens) for r in results), nfe=sum(r.nfe for r in results),
                  iterations=iterations, slot_iterations=slot_iterations, n_verify=sum(r.n_verify for r in results),
                  n_accepted=sum(r.n_accepted for r in results),
-                 model_s=model_s if engine.runtime.mode == "eager" else None)
+                 model_s=model_s if engine.runtime.executor.times_model else None)
     return results, stats
 
 
@@ -104,7 +104,7 @@ def probe_prefill(engine: Engine, prompts: list[list[int]], temperature: float) 
         runs = [engine.generate(ids, max_new_tokens=1, temperature=temperature, seed=0) for _ in range(PROBE_REPS)]
         walls.append(statistics.median(r.wall_s for r in runs))
         models.append(statistics.median(r.model_s for r in runs))
-    eager = engine.runtime.mode == "eager"
+    eager = engine.runtime.executor.times_model
     return {"wall_s": sum(walls), "model_s": sum(models) if eager else None, "per_prompt_s": walls}
 
 
@@ -119,7 +119,7 @@ def study(engine: Engine, w: int | str, t: float, prompts: list[list[int]], args
         decode(engine, prompts[:b or 1], b, seeds[:b or 1], kw)
     layouts = call_layouts(engine.program(SamplingParams()))
     config = {"schedule": engine.schedule_name, "width": w, "engine_width": engine.width, "temperature": t,
-              "epilogue": engine.epilogue, "mode": engine.runtime.mode, "calls_per_iter": len(layouts),
+              "epilogue": engine.epilogue, "mode": engine.runtime.executor.name, "calls_per_iter": len(layouts),
               "rows_per_request": sum(lay.rows for lay in layouts), "prefill": probe_prefill(engine, prompts, t),
               "joins_alone": bool(getattr(engine.program(SamplingParams()), "entry", 0))}
     records, failures = [], []

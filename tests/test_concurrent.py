@@ -221,9 +221,10 @@ def test_a_small_pool_preempts_and_gives_the_same_tokens(model, batch_sizes):
 
 
 def test_a_request_too_long_for_the_cache_joins_a_longer_one(model, batch_sizes):
-    """A stream runs in a batch whose page table holds 256 cache slots per request; a request of 250 prompt tokens
-    + 40 new joins it: the batch moves to a 512-slot table (the running request's pages change tables, its K/V
-    stays where it is) instead of making the newcomer wait for it to drain, and both get what they get alone."""
+    """A stream runs in a batch whose page table holds its request's prompt, new tokens and reserve (whole pages of
+    16); a request of 250 prompt tokens + 40 new joins it: the batch moves to a longer table (the running
+    request's pages change tables, its K/V stays where it is) instead of making the newcomer wait for it to
+    drain, and both get what they get alone."""
     engine = packed_ss.Engine(model, schedule="packed", width=3)
     short = dict(prompt_ids=PROMPTS[0], max_new_tokens=60, eos_token_id=[], temperature=1.0, seed=1)
     long = dict(prompt_ids=[i % 90 + 1 for i in range(250)], max_new_tokens=40, eos_token_id=[], temperature=1.0,
@@ -232,11 +233,13 @@ def test_a_request_too_long_for_the_cache_joins_a_longer_one(model, batch_sizes)
     batch_sizes.clear()
     streams = [engine.stream(**short)]
     got = [next(streams[0]), []]
-    scheduler = engine.runtime.scheduler(engine.program(packed_ss.decode.sampling.SamplingParams(temperature=1.0)))
-    assert scheduler.batch.cache.capacity == 256
+    program = engine.program(packed_ss.decode.sampling.SamplingParams(temperature=1.0))
+    scheduler = engine.runtime.scheduler(program)
+    pages_of = lambda n: -(-(n + program.reserve) // 16) * 16      # noqa: E731
+    assert scheduler.batch.cache.capacity == pages_of(len(PROMPTS[0]) + 60)
     streams.append(engine.stream(**long))
     got[1] += next(streams[1])
-    assert scheduler.batch.cache.capacity == 512 and sum(r is not None for r in scheduler.running) == 2
+    assert scheduler.batch.cache.capacity == pages_of(250 + 40) and sum(r is not None for r in scheduler.running) == 2
     for _ in range(100):
         for i, s in enumerate(streams):
             got[i] += next(s, [])

@@ -127,6 +127,8 @@ class Batch:
 
     def give(self, slot: int, pages: list[int]) -> None:
         """`pages` join the end of the slot's pages (its table row names them from the next call on)."""
+        if not pages:
+            return
         start = len(self.pages[slot])
         self.pages[slot] = self.pages[slot] + pages
         self.table[slot, start:start + len(pages)] = staged(torch.tensor(pages, dtype=torch.int64),

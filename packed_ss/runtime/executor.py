@@ -3,8 +3,9 @@ whole iteration captured in a CUDA graph and replayed (`Graphs`). The runtime ho
 never a mode's name, how to run a step, how many slots a batch of n requests takes, how long a page table is
 and whether a batch is kept for the next busy period.
 
-Compiled and captured steps run over batch sizes padded to powers of two (few sizes compiled or captured, the
-padding slots idle). A captured iteration reads and writes fixed addresses, so
+Eager steps run over the batch's requests and page tables as long as its longest request can grow. Compiled
+and captured steps run over batch sizes padded to powers of two (few sizes compiled or captured, the padding
+slots idle) and tables of CACHE_QUANTUM multiples. A captured iteration reads and writes fixed addresses, so
 `Graphs` keeps one batch per program and slot count, with page tables of a power-of-two length, and captures
 again only when a longer request comes. Only eager calls are timed one by one (a compiled or captured call's
 time is its launch).
@@ -45,8 +46,9 @@ class Executor:
         return requests
 
     def table_length(self, need: int, most: int) -> int:
-        """Cache positions per request of a page table that must hold `need` (at most `most`)."""
-        return CACHE_QUANTUM * math.ceil(need / CACHE_QUANTUM)
+        """Cache positions per request of a page table that must hold `need` (at most `most`; the runtime rounds
+        it up to whole pages): here `need` itself, so attention reads no more pages than a request may fill."""
+        return need
 
 
 class Eager(Executor):
@@ -75,6 +77,10 @@ class Compiled(Executor):
 
     def batch_size(self, requests: int) -> int:
         return padded(max(1, requests))
+
+    def table_length(self, need: int, most: int) -> int:
+        """Tables in multiples of CACHE_QUANTUM positions: few shapes to compile as requests grow."""
+        return CACHE_QUANTUM * math.ceil(need / CACHE_QUANTUM)
 
 
 class Graphs(Compiled):

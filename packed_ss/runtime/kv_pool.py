@@ -93,6 +93,8 @@ class KVPool:
     def take(self, n: int) -> list[int] | None:
         """`n` pages for one request (free ones first, then the least recently used idle published ones), or None
         (and nothing taken) when fewer are available."""
+        if n == 0:
+            return []
         if n > self.available:
             return None
         taken = [self._free.pop() if self._free else self._evict() for _ in range(n)]

@@ -161,7 +161,7 @@ class Runtime:
         """Cache positions per request of a batch made for `requests` (and the program's reserve), as long as the
         executor's tables are made (executor.py). It sizes the page table, not the memory held."""
         need = max(len(r.prompt) + r.max_new_tokens for r in requests) + program.reserve
-        return self.executor.table_length(need, self.max_seq_len + program.reserve)
+        return self.page_size * self.pages_for(self.executor.table_length(need, self.max_seq_len + program.reserve))
 
     def batch_size(self, requests: int) -> int:
         """The slots a step runs over for `requests` requests (the executor's padding)."""

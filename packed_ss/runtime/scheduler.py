@@ -285,10 +285,11 @@ class Scheduler(Admission):
 
     def _end_if_idle(self) -> None:
         """A busy period ends when no request runs and none waits, or the next one waiting does not fit the
-        batch: the batch is let go (the next step makes one that fits)."""
+        batch's shapes (its buffers and stop tables; a longer page table only is a regrow, admission's
+        `_lengthen`): the batch is let go (the next step makes one that fits)."""
         if self.batch is None or any(self.running) or self.prefilling:
             return
-        if not self.waiting or not self.batch.fits(self.waiting[0][0].requests[self.waiting[0][1]]):
+        if not self.waiting or not self.batch.shape.fits(self.waiting[0][0].requests[self.waiting[0][1]]):
             self.model_s = self.batch.clock.model_s - self._began_model_s
             self.batch, self.running = None, []
 

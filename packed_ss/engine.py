@@ -173,7 +173,7 @@ class Engine:
         install and remembered; the fixed default without a profile. Sets `width_source`."""
         cfg, profile = self.model.cfg, self.model.draft_profile
         limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
-        kind = profile_kind(schedules(self.any_order)[self.schedule_name], self.drafts)
+        kind = profile_kind(schedules(self.any_order)[self.schedule_name].replay, self.drafts)
         if profile is None or kind not in profile:
             self.width_source = "default (no acceptance profile)"
             return min(limit, DEFAULT_WIDTH) if not cfg.block_size else limit

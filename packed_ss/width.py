@@ -40,7 +40,6 @@ from pathlib import Path
 import torch
 
 from .model.attention import Layout
-from .runtime.program import Program
 
 PROFILE_FILE = "draft_profile.json"
 CACHE_ENV = "PACKED_SS_CACHE_DIR"
@@ -86,19 +85,18 @@ def profile_kinds(any_order: bool) -> tuple[str, ...]:
     return PROFILE_KINDS if any_order else tuple(k for k in PROFILE_KINDS if k != "branch")
 
 
-def profile_kind(schedule: type[Program], drafts: str | None = None) -> str | None:
-    """The replay that predicts `schedule`'s tokens per iteration (a class of the registry: its `replay`), e.g.
+def profile_kind(replay: str | None, drafts: str | None = None) -> str | None:
+    """The profile's replay that predicts a schedule's tokens per iteration (its class's `replay`), e.g.
     Linear-SS drafts from the current prefix ("fresh"), Packed-SS verifies the previous call's proposal
     ("lagged"), Quadratic-SS the branch that verification selects, which has seen the accepted drafts and, left
     to right, the correction token too ("fresh"); an any-order branch has not ("branch"). With lookup drafts
     (`drafts`, Engine): "lookup" alone, or "<kind>+lookup", the lookup draft from the current prefix where it
     finds one and the kind's draft elsewhere. None for schedules without a replay."""
-    kind = schedule.replay
-    if kind is None:
+    if replay is None:
         return None
     if drafts == "lookup":
         return "lookup"
-    return f"{kind}+lookup" if drafts == "both" else kind
+    return f"{replay}+lookup" if drafts == "both" else replay
 
 
 def choose_width(tokens: list[float], rows_of: Callable[[int], list[int]], cost: CallCost) -> int:

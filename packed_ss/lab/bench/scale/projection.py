@@ -75,7 +75,7 @@ def project(fit: dict, rows: dict[str, dict[int, list[int]]], nonmodel_ms: dict[
     batch, out = fit["batch"], []
     for name, src in sources.items():
         for schedule, calls in rows.items():
-            kind = profile_kind(schedules(any_order)[schedule])
+            kind = profile_kind(schedules(any_order)[schedule].replay)
             if kind is not None and kind not in src:
                 continue
             tokens = src[kind] if kind else [1.0]

@@ -13,15 +13,14 @@ each replica up): one replica; two replicas with the prefix-aware router (routin
 Reported per configuration: throughput (generated tokens / wall; median [min, max] over --rounds), TTFT p50 /
 p90 over every request, the affinity (per system prompt, the share of its requests on the replica that took
 most of them, the mean over prompts: 1 keeps each prompt on one replica, 0.5 spreads it evenly over two) and
-the busier replica's share of the requests, the cores each role used (cpu_seconds); and, offline, the most a prefix cache could save here
-(prefill_share). The engines keep a prefix cache (the default); `--no-prefix-cache` builds them without.
+the busier replica's share of the requests, the cores each role used (cpu_seconds); and, offline, the most a
+prefix cache could save here (prefill_share). The engines keep a prefix cache (the default); `--no-prefix-cache` builds them without.
 Writes DIR/replicas.json and DIR/replicas.md.
 """
 from __future__ import annotations
 
 import json
 import multiprocessing
-import platform
 import random
 import socket
 import sys
@@ -43,7 +42,7 @@ from ...serve.protocol import plain_chat
 from ...serve.ray import APP_NAME, build_app
 from ...serve.spec import EngineSpec
 from ..humaneval import humaneval_prompts
-from .options import bench_parser
+from .options import bench_parser, cpu_name
 from .serve import client_process, percentiles
 
 FULL = dict(users=16, max_new_tokens=64, concurrency=16, rounds=5)
@@ -184,7 +183,7 @@ def main(argv=None) -> int:
                  f"{share['shared_prompt_share']:.0%} of the prompt tokens come before the user's turn.")
     table = "\n".join(lines)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"command": " ".join(sys.argv), "machine": platform.processor() or platform.machine(), "cpus": args.cpus,
+    meta = {"command": " ".join(sys.argv), "machine": cpu_name(), "cpus": args.cpus,
             "requests": len(prompts), "systems": SYSTEMS, "users": args.users, "max_new_tokens": args.max_new_tokens,
             "concurrency": args.concurrency, "rounds": args.rounds, "prefix_cache": not args.no_prefix_cache, **share}
     (args.out / "replicas.json").write_text(json.dumps({"meta": meta, "summary": rows, "raw": runs}, indent=1))

@@ -70,7 +70,7 @@ class Engine:
         `width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
         maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
         and this device's per-call latency, measured once per process (width.py); at most the model's
-        `page_size - 1`. Without a profile: `page_size - 1` where the config declares one (capped at
+        `cfg.block_size - 1`. Without a profile: `cfg.block_size - 1` where the config declares one (capped at
         MAX_WIDTH), else 8. `engine.width` is the width in use; `engine.width_source` says where it came from
         ("measured now", "remembered from <time>", a fixed default): a measured choice is stored per machine,
         install, model and setting (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the
@@ -159,8 +159,8 @@ class Engine:
             self.width = self._auto_width() if auto else width
 
     def _adaptive_width(self) -> int:
-        """The adaptive schedule's widest shape: the acceptance profile's width, the model's `page_size - 1` at
-        most; without a profile `page_size - 1` where the config declares one, else DEFAULT_WIDTH."""
+        """The adaptive schedule's widest shape: the acceptance profile's width, the model's `cfg.block_size - 1` at
+        most; without a profile `cfg.block_size - 1` where the config declares one, else DEFAULT_WIDTH."""
         cfg, profile = self.model.cfg, self.model.draft_profile
         limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
         self.width_source = "adaptive: the profile's width" if profile else "adaptive: default"

@@ -24,6 +24,11 @@ import numpy as np
 import torch
 
 
+def pages_for(positions: int, page_size: int) -> int:
+    """Pages that hold `positions` cache positions."""
+    return -(-positions // page_size)
+
+
 def page_hashes(tokens: list[int], page_size: int) -> list[bytes]:
     """The chained hash of every full page of `tokens`: page i's covers tokens[: (i + 1) * page_size]."""
     hashes, parent = [], b""
@@ -126,7 +131,7 @@ class KVPool:
         for page in found:                                   # held first, so that taking fresh ones keeps them
             self._refs[page] += 1
             self._idle.pop(page, None)
-        fresh = self.take(max(0, -(-positions // self.page_size) - len(found)))
+        fresh = self.take(max(0, pages_for(positions, self.page_size) - len(found)))
         if fresh is None:
             self.release(found)
             return None
@@ -137,7 +142,7 @@ class KVPool:
     def extend(self, pages: list[int], positions: int) -> list[int] | None:
         """Fresh pages to append to a request's `pages` so that they hold `positions` cache positions ([] when they do),
         or None (nothing taken) when the pool has too few."""
-        return self.take(max(0, -(-positions // self.page_size) - len(pages)))
+        return self.take(max(0, pages_for(positions, self.page_size) - len(pages)))
 
     def publish(self, pages: list[int], tokens: list[int]) -> None:
         """A request's `pages` hold the final K/V of `tokens` (its cache positions 0, 1, ...): each full page of them
@@ -179,5 +184,5 @@ def pool_pages(model, page_size: int, most_tokens: int, kv_cache_bytes: int | No
             there = int(GPU_MEMORY_FRACTION * torch.cuda.mem_get_info(device)[0])
         else:
             there = min(CPU_POOL_BYTES, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4)
-        kv_cache_bytes = min(there, -(-most_tokens // page_size) * page_bytes)
+        kv_cache_bytes = min(there, pages_for(most_tokens, page_size) * page_bytes)
     return kv_cache_bytes // page_bytes

@@ -25,7 +25,7 @@ from ..model.attention import Layout
 from ..model.dual_mode import PAGE_SIZE, DualModeModel, KVCache, own_cache
 from .batch import CACHE_QUANTUM, Batch, Clock, Shape
 from .executor import Eager, Executor
-from .kv_pool import KVPool, KVUsage, pool_pages
+from .kv_pool import KVPool, KVUsage, pages_for, pool_pages
 from .program import ModelInput, Step
 from .admission import MAX_SLOTS
 from .request import GenerateResult, Request
@@ -155,7 +155,7 @@ class Runtime:
 
     def pages_for(self, tokens: int) -> int:
         """Pages that hold `tokens` cache positions."""
-        return -(-tokens // self.page_size)
+        return pages_for(tokens, self.page_size)
 
     def capacity(self, program, requests: list[Request]) -> int:
         """Cache positions per request of a batch made for `requests` (and the program's reserve), as long as the

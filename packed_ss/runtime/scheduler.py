@@ -213,9 +213,10 @@ class Scheduler(Admission):
         few, the latest admitted request is preempted (it may be the one in need), until the others have theirs.
         Whether any request is left to iterate."""
         batch = self.batch
-        for r in sorted((r for r in self.running if r is not None), key=lambda r: r.admitted):
-            while r in self.running:
-                slot = self.running.index(r)
+        for slot in sorted((b for b, r in enumerate(self.running) if r is not None),
+                           key=lambda b: self.running[b].admitted):
+            r = self.running[slot]
+            while r is not None and self.running[slot] is r:   # until it has its pages or has left (preempted, done)
                 more = self.pool.extend(batch.pages[slot], self._slots_now(r.request, r.n_out))
                 if more is not None:
                     batch.give(slot, more)
@@ -270,7 +271,8 @@ class Scheduler(Admission):
     def _compact(self) -> None:
         """Once nothing waits, finished requests' slots stop riding along: the running requests move to the
         front slots (state and table rows copied on the device, at most once per finished request) and the batch
-        shrinks to them (as many slots as the executor pads them to). A table already in flight is read with each request's slot at the time it was issued."""
+        shrinks to them (as many slots as the executor pads them to). A table already in flight is read with each
+        request's slot at the time it was issued."""
         batch = self.batch
         live = [b for b in range(batch.size) if self.running[b] is not None]
         size = self.runtime.batch_size(len(live))

@@ -289,19 +289,20 @@ template <typename T, typename X>
 PSS_HD void verify(const State& st, const Step<T>& s, X& x) {
   const int64_t b = s.block, w = st.width;
   const int64_t seed = *st.seed, offset = *st.offset;
-  if (s.verify == kVerifyOne) {
-    // Schedule.sample_token: argmax, or a draw from the truncated p with u[0]
+  const int64_t draft_len = imin(*st.draft_len, s.v_rows - 1);
+  if (s.verify == kVerifyOne || (s.sampled && s.verify == kVerifyDraft && draft_len == 0 && !s.residual_u)) {
+    // Schedule.sample_token: argmax, or a draw from the truncated p with u[0]. A sampled empty draft's
+    // verification is this AR step (the any-order steps, which name their residual uniform, excepted).
     const int64_t token = s.sampled ? sample_sparse(x, row_of(s.v_idx, 0, s.v_k), s.v_prob, s.v_k,
                                                     philox_uniform(seed, offset, 0))
                                     : s.v_arg[0];
     if (x.leader()) {
-      s.res[0] = token;
+      for (int64_t i = 0; i < b; ++i) s.res[i] = token;
       s.res[b] = 1;
     }
     return;
   }
   if (s.verify != kVerifyDraft) return;
-  const int64_t draft_len = imin(*st.draft_len, s.v_rows - 1);
   int64_t h = 0;
   if (!s.sampled) {
     // verify_greedy: the leading draft tokens equal to the verifier argmax; emit the argmax rows (the last

@@ -300,6 +300,40 @@ def test_rejection_sampled_batched_equals_alone(random_model, shapes_run, settin
     assert len(set(shapes_run)) > 1
 
 
+
+class Abstaining(Policy):
+    """Never speculates: every request chooses AR, and after its calls 3, 6, 9, .. stays quiet through two more, so
+    calls alternate between the AR shape (an empty draft verified) and the lean QUIET step."""
+
+    def choose(self, st, length, found, passive=None):
+        choosing = ~st.done if passive is None else ~st.done & ~passive
+        st.assign(choosing, choice=torch.zeros_like(st.choice))
+        st.assign(choosing & (st.nfe % 3 == 0), quiet_until=st.nfe + 2)
+
+
+@pytest.mark.parametrize("epilogue", ["torch", "native"])
+@pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.8, top_k=10),
+                                     dict(temperature=1.2, top_p=0.9)], ids=["T1", "T0.8,k10", "T1.2,p0.9"])
+def test_a_request_that_does_not_speculate_returns_its_ar_sample(random_model, shapes_run, setting, epilogue):
+    """Under the rejection sampler, an empty draft's verification is an AR step (its token drawn with u_0 from the
+    row's truncated distribution, as schedule="ar" draws it), so a request the policy keeps on AR returns AR's
+    sample for its seed, alone and batched, in the AR shape and in the lean QUIET step."""
+    if epilogue == "native" and not native_available("cpu"):
+        pytest.skip("the native epilogue is not built")
+    prompts = [[3, 17, 42, 8, 9], list(range(1, 20)), [9, 9, 9, 9, 9, 9], [60, 3], [5, 6, 5, 6, 5]]
+    lengths = [30, 24, 18, 30, 12]
+    ar = packed_ss.Engine(random_model, schedule="ar", epilogue=epilogue)
+    want = [ar.generate(p, n, eos_token_id=[], seed=7 + i, **setting).tokens
+            for i, (p, n) in enumerate(zip(prompts, lengths))]
+    engine = cycling(packed_ss.Engine(random_model, width=4, epilogue=epilogue), Abstaining)
+    assert engine.sampler == "rejection"
+    alone = [engine.generate(p, n, eos_token_id=[], seed=7 + i, **setting).tokens
+             for i, (p, n) in enumerate(zip(prompts, lengths))]
+    shapes_run.clear()
+    batched = engine.generate_batch(prompts, lengths, eos_token_id=[], seed=7, batch_size=3, **setting)
+    assert alone == want == [r.tokens for r in batched]
+    assert set(shapes_run) == {0, QUIET}
+
 # -- the law: sampled sequences follow the AR distribution with the shapes switching (tests/sampling_law.py) -------
 @pytest.fixture
 def switching(monkeypatch):

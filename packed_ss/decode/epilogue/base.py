@@ -88,7 +88,9 @@ class Epilogue:
     def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):
         """First half of a draft verification: acceptance and the correction / bonus draw. Returns the emitted
         tokens [B, W+1] and A [B]. `residual` [B]: the uniform index of that draw, W by default (the any-order
-        steps verify u_t <= W ranks and draw at u_t)."""
+        steps verify u_t <= W ranks and draw at u_t). Without it, a sampled empty draft's verification is an AR
+        step: its token is drawn as `token` draws one (u_0, the row's own order), so a request that does not
+        speculate draws AR's sample for its seed."""
         raise NotImplementedError
 
     def commit(self, st: DecodeState, *, propose: Rows | None, retain: str | int | None) -> None:

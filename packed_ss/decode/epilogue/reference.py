@@ -56,7 +56,11 @@ class TorchEpilogue(Epilogue):
         p = rows.prob if rows.idx is None else densify(rows.idx, rows.prob, rows.vocab)
         if residual is not None:
             u = torch.cat([u[:, :self.width], u.gather(1, residual[:, None])], 1)
-        return verify_sampled(st.draft, draft_len, st.q_idx, st.q_prob, p, u)
+        emitted, n_accept = verify_sampled(st.draft, draft_len, st.q_idx, st.q_prob, p, u)
+        if residual is not None:
+            return emitted, n_accept
+        ar_token = self._draw(rows[:1], u[:, :1])      # an empty draft's verification is an AR step
+        return torch.where((draft_len == 0)[:, None], ar_token, emitted), n_accept
 
     def _emit(self, st, emitted, n_accept, verified: bool):
         active = ~st.done

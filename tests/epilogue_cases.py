@@ -198,8 +198,7 @@ def emitted_counts(device, params: SamplingParams, trials: int = 12000, width: i
     for t in range(trials):
         st.draft.copy_(drafts[t])
         st.offset.fill_(t)
-        ep.verify(st, rows)                  # phase 1 only: the state is left as it was
-        emitted[t] = ep.res[0]
+        emitted[t] = ep.verify(st, rows).draws[0]    # phase 1 only: the state is left as it was
     emitted = emitted.cpu()
     counts = torch.zeros(width + 1, vocab, dtype=torch.int64)
     for i in range(width + 1):

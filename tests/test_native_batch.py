@@ -148,13 +148,13 @@ def apply(ep, st, op, v, t, z, residual, block):
     elif op == "verify_only":
         ep.step(st, verify=v)
     elif op == "split":
-        e, a = ep.verify(st, v)
-        verified = (e.clone(), a.clone())
-        ep.commit(st, propose=z, retain=1)
+        outcome = ep.verify(st, v)
+        verified = (outcome.emitted.clone(), outcome.n_accept.clone())
+        ep.commit(st, outcome, propose=z, retain=1)
     elif op == "residual":
-        e, a = ep.verify(st, v, residual=residual)
-        verified = (e.clone(), a.clone())
-        ep.commit(st, propose=z, retain="a")
+        outcome = ep.verify(st, v, residual=residual)
+        verified = (outcome.emitted.clone(), outcome.n_accept.clone())
+        ep.commit(st, outcome, propose=z, retain="a")
     else:
         raise AssertionError(op)
     return verified, ep.res[:, block + 1].clone()

@@ -13,6 +13,7 @@ by decreasing probability, or dense with idx None when nothing truncates).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -52,6 +53,15 @@ class Rows:
         return 0 if self.prob is None else self.prob.shape[2]
 
 
+class Verified(NamedTuple):
+    """A verification's outcome, from `verify` to its `commit`: the emitted tokens C [B, W+1] (the first A
+    meaningful), A [B], and `draws`, what the commit goes on from: the torch epilogue's uniforms of the call
+    (None when greedy), the native one's result buffer [B, W+3] (C and A are views of it)."""
+    emitted: torch.Tensor
+    n_accept: torch.Tensor
+    draws: torch.Tensor | None
+
+
 class Epilogue:
     """One schedule's epilogue: its device, width and sampling parameters.
 
@@ -85,18 +95,18 @@ class Epilogue:
         self._step(st, verify, token, propose, retain)
         self._stop_at_sequences(st, start)
 
-    def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):
-        """First half of a draft verification: acceptance and the correction / bonus draw. Returns the emitted
-        tokens [B, W+1] and A [B]. `residual` [B]: the uniform index of that draw, W by default (the any-order
+    def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None) -> Verified:
+        """First half of a draft verification: acceptance and the correction / bonus draw, for `commit` to go on
+        from. `residual` [B]: the uniform index of that draw, W by default (the any-order
         steps verify u_t <= W ranks and draw at u_t). Without it, a sampled empty draft's verification is an AR
         step: its token is drawn as `token` draws one (u_0, the row's own order), so a request that does not
         speculate draws AR's sample for its seed."""
         raise NotImplementedError
 
-    def commit(self, st: DecodeState, *, propose: Rows | None, retain: str | int | None) -> None:
-        """Second half, after `verify`: emit, count, retain."""
+    def commit(self, st: DecodeState, verified: Verified, *, propose: Rows | None, retain: str | int | None) -> None:
+        """Second half, with what `verify` returned for st: emit, count, retain."""
         start = self._mark(st)
-        self._commit(st, propose, retain)
+        self._commit(st, verified, propose, retain)
         self._stop_at_sequences(st, start)
 
     # -- stop sequences of several tokens: matched on the device after emit, for either implementation ------
@@ -112,5 +122,5 @@ class Epilogue:
     def _step(self, st, verify, token, propose, retain) -> None:
         raise NotImplementedError
 
-    def _commit(self, st, propose, retain) -> None:
+    def _commit(self, st, verified, propose, retain) -> None:
         raise NotImplementedError

@@ -15,7 +15,7 @@ import torch
 
 from ..sampling import SamplingParams
 from ..state import DecodeState
-from .base import Epilogue, Rows
+from .base import Epilogue, Rows, Verified
 from .operator import STATE, epilogue_step
 
 _module = None
@@ -105,12 +105,10 @@ class NativeEpilogue(Epilogue):
         self.mod = native_module()
         self.cuda = self.device.type == "cuda"
         self._native_step = self.mod.step_cuda if self.cuda else self.mod.step_cpu
-        self.vocab = 0
         self._res: dict[int, torch.Tensor] = {}
         self._use_res(1)
         self._scratch: dict[tuple[torch.dtype, int, int], torch.Tensor] = {}
         self._bound: dict[int, tuple[DecodeState, object]] = {}   # id(state) -> (state, handle)
-        self._verified: torch.Tensor | None = None   # a compiled verify's result buffer, for its commit
 
     def _use_res(self, batch: int) -> torch.Tensor:
         """The persistent [B, block + 2] result buffer of batch size B; `res`, `emitted` [B, block] and
@@ -121,22 +119,18 @@ class NativeEpilogue(Epilogue):
         self.res, self.emitted, self.n_accept = res, res[:, :self.block], res[:, self.block]
         return res
 
-    def rows(self, logits: torch.Tensor) -> Rows:
-        self.vocab = logits.shape[-1]
-        return super().rows(logits)
-
     def _step(self, st, verify, token, propose, retain) -> None:
         kind = self.mod.VERIFY_DRAFT if verify is not None else (self.mod.VERIFY_ONE if token is not None
                                                                   else self.mod.VERIFY_NONE)
         self._call(st, self.mod.PHASE_BOTH, kind, verify if verify is not None else token, propose, retain)
 
-    def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):
-        """The emitted tokens [B, block] and A [B] go into `res`; returns views of them."""
+    def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None) -> Verified:
+        """The emitted tokens [B, block] and A [B] go into a result buffer, which the commit reads."""
         res = self._call(st, self.mod.PHASE_VERIFY, self.mod.VERIFY_DRAFT, verify, None, None, residual)
-        return res[:, :self.block], res[:, self.block]
+        return Verified(res[:, :self.block], res[:, self.block], res)
 
-    def _commit(self, st, propose, retain) -> None:
-        self._call(st, self.mod.PHASE_COMMIT, self.mod.VERIFY_DRAFT, None, propose, retain)
+    def _commit(self, st, verified, propose, retain) -> None:
+        self._call(st, self.mod.PHASE_COMMIT, self.mod.VERIFY_DRAFT, None, propose, retain, verified=verified.draws)
 
     # -- plumbing --------------------------------------------------------------------------------------
     def _state(self, st: DecodeState):
@@ -218,9 +212,11 @@ class NativeEpilogue(Epilogue):
                              f"{rows.prob.stride()})")
         return n_rows, 0 if dims == 2 else tensors[0].shape[2], strides.pop()
 
-    def _call(self, st, phase, kind, v: Rows | None, z: Rows | None, retain, residual=None) -> torch.Tensor:
-        """One native call for the batch; returns its result buffer [B, block + 2]. A step being compiled calls
-        it through the torch operator (operator.py), with buffers of its own; an eager one directly."""
+    def _call(self, st, phase, kind, v: Rows | None, z: Rows | None, retain, residual=None,
+              verified: torch.Tensor | None = None) -> torch.Tensor:
+        """One native call for the batch; returns its result buffer [B, block + 2] (a commit's: `verified`, its
+        verify's). A step being compiled calls it through the torch operator (operator.py), with buffers of its
+        own; an eager one directly."""
         compiling = torch.compiler.is_compiling()
         handle = None if compiling else self._state(st)   # checks the state (a compiled one: the engine's)
         batch = st.done.shape[0]
@@ -240,7 +236,7 @@ class NativeEpilogue(Epilogue):
         if prob is not None and st.q_prob.dtype != prob.dtype:
             raise ValueError(f"DecodeState.q_prob is {st.q_prob.dtype}, the rows' probabilities {prob.dtype}: the "
                              "stored Q must be in the probabilities' dtype")
-        vocab = (v.vocab if v is not None else 0) or (z.vocab if z is not None else 0) or self.vocab
+        vocab = (v.vocab if v is not None else 0) or (z.vocab if z is not None else 0)
         scratch = None
         if not greedy and kind == self.mod.VERIFY_DRAFT and v is not None:
             scratch = (torch.empty(batch, vocab, dtype=v.prob.dtype, device=self.device) if compiling
@@ -251,18 +247,15 @@ class NativeEpilogue(Epilogue):
                 raise ValueError(f"residual must be a contiguous int64 [B={batch}] tensor on {self.device}, got "
                                  f"{residual.dtype} {tuple(residual.shape)} on {residual.device}")
         v, z = v if v is not None else Rows(), z if z is not None else Rows()
-        if compiling:   # verify's result buffer is what its commit reads (Quadratic-SS picks a branch between)
-            if phase == self.mod.PHASE_COMMIT:
-                res = self._verified
-            else:
-                res = torch.zeros(batch, self.block + 2, dtype=torch.int64, device=self.device)
-            self._verified = res
+        if compiling:
+            res = verified if verified is not None else torch.zeros(batch, self.block + 2, dtype=torch.int64,
+                                                                    device=self.device)
             tensors = st.tensors()
             epilogue_step(*(tensors[name] for name in STATE), v.arg, v.idx, v.prob, z.arg, z.idx, z.prob, scratch,
                           res, residual, [bits, phase, kind, retain_code, int(not greedy), int(self.dense),
                                           self.block, vocab, v_rows, v_k, v_stride, z_k, z_stride, n_z])
             return res
-        res = self._use_res(batch)
+        res = verified if verified is not None else self._use_res(batch)
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.cuda else 0
         self._native_step(handle, bits, phase, kind, retain_code, not greedy, self.dense, self.block, vocab,
                           _ptr(v.arg), _ptr(v.idx), _ptr(v.prob), v_rows, v_k, v_stride,

@@ -12,7 +12,7 @@ import torch
 from ..acceptance import verify_greedy, verify_sampled
 from ..sampling import densify, inverse_cdf, philox_uniform
 from ..state import DecodeState, emit, retain
-from .base import Epilogue, Rows
+from .base import Epilogue, Rows, Verified
 
 
 class TorchEpilogue(Epilogue):
@@ -23,7 +23,6 @@ class TorchEpilogue(Epilogue):
         self.n_uniform = 2 * self.block + 1      # [0, W]: acceptance + correction, [B, 2B]: drafts
         self.one = torch.ones(1, dtype=torch.int64, device=self.device)
         self.zero = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self._verified = None                    # (uniforms, emitted, A) between verify() and commit()
 
     def _uniforms(self, st: DecodeState) -> torch.Tensor | None:
         """This call's uniforms [B, n] (None when greedy); the offsets advance once per call, on the device."""
@@ -93,14 +92,10 @@ class TorchEpilogue(Epilogue):
             a = self.zero.expand(st.batch)
         self._retain(st, propose, retain_, u, a, active)
 
-    def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None):
+    def verify(self, st: DecodeState, verify: Rows, residual: torch.Tensor | None = None) -> Verified:
         u = self._uniforms(st)
-        emitted, n_accept = self._verify(st, verify, u, residual)
-        self._verified = (u, emitted, n_accept)
-        return emitted, n_accept
+        return Verified(*self._verify(st, verify, u, residual), u)
 
-    def _commit(self, st, propose, retain_) -> None:
-        u, emitted, n_accept = self._verified
-        self._verified = None
-        a, active = self._emit(st, emitted, n_accept, verified=True)
-        self._retain(st, propose, retain_, u, a, active)
+    def _commit(self, st, verified, propose, retain_) -> None:
+        a, active = self._emit(st, verified.emitted, verified.n_accept, verified=True)
+        self._retain(st, propose, retain_, verified.draws, a, active)

@@ -32,8 +32,8 @@ class Quadratic(Schedule):
     def update(self, st, logits):
         """Verify, pick each request's branch A - 1 on the device, then emit and keep that branch's proposals."""
         b = self.block
-        _, n_accept = self.epilogue.verify(st, self.epilogue.rows(logits[:, :b]))
-        rows = self.branch_rows + (n_accept[:, None] - 1) * b
+        verified = self.epilogue.verify(st, self.epilogue.rows(logits[:, :b]))
+        rows = self.branch_rows + (verified.n_accept[:, None] - 1) * b
         branch = logits.gather(1, rows[:, :, None].expand(-1, -1, logits.shape[2]))
-        self.epilogue.commit(st, propose=self.epilogue.rows(branch), retain=1)
+        self.epilogue.commit(st, verified, propose=self.epilogue.rows(branch), retain=1)
         self.redraft(st)

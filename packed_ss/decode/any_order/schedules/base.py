@@ -151,8 +151,8 @@ class AnyOrderSchedule(Program):
             self.ranked.q_idx.copy_(q_idx)
             self.ranked.q_prob.copy_(q_prob)
         rows = self.epilogue.rows(torch.cat([logits, logits[-1:]])[None])
-        emitted, a = self.epilogue.verify(self.ranked, rows, residual=window_size(st)[None])
-        return emitted[0, :self.width], a[0] - 1, kappa
+        verified = self.epilogue.verify(self.ranked, rows, residual=window_size(st)[None])
+        return verified.emitted[0, :self.width], verified.n_accept[0] - 1, kappa
 
     def accept(self, st: AnyOrderState, active, verified, h, kappa) -> torch.Tensor:
         """Lines 10-13: accept ranks < A_t = min(h_t + 1, u_t); N and the O rows of ranks < h_t stay in the

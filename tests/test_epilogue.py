@@ -22,7 +22,7 @@ from tiny_models import checkpoint, config_eos, mid_output_token
 
 import packed_ss
 import packed_ss.decode.epilogue as epilogue_mod
-import packed_ss.decode.epilogue.native as native_mod
+import packed_ss.decode.epilogue.extension as extension
 from packed_ss.decode.acceptance import verify_greedy, verify_sampled
 from packed_ss.decode.epilogue import NativeEpilogue, TorchEpilogue, native_available, native_module
 from packed_ss.decode.sampling import SamplingParams, densify, philox_uniform, truncated_probs
@@ -181,9 +181,9 @@ def test_default_is_native_compiled_or_not(model):
 
 
 def test_missing_module_degrades_to_torch_with_a_message(model, monkeypatch):
-    monkeypatch.setattr(native_mod, "_loaded", True)
-    monkeypatch.setattr(native_mod, "_module", None)
-    monkeypatch.setattr(native_mod, "_error", "simulated: no such module")
+    monkeypatch.setattr(extension, "_loaded", True)
+    monkeypatch.setattr(extension, "_module", None)
+    monkeypatch.setattr(extension, "_error", "simulated: no such module")
     with pytest.warns(RuntimeWarning, match="using the torch epilogue: .*simulated"):
         engine = packed_ss.Engine(model)
     assert engine.epilogue == "torch"

@@ -5,7 +5,8 @@ step. Which one a schedule gets is a choice of object (`make_epilogue`), not a s
 """
 from .base import Epilogue, Rows
 from .build import check_build, main
-from .native import NativeEpilogue, native_available, native_module, native_unavailable_reason
+from .extension import native_available, native_module, native_unavailable_reason
+from .native import NativeEpilogue
 from .reference import TorchEpilogue
 
 EPILOGUES = {"torch": TorchEpilogue, "native": NativeEpilogue}

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from . import native
-from .native import native_module, native_unavailable_reason
+from . import extension
+from .extension import native_module, native_unavailable_reason
 
 
 def _find_tool(name: str, near: str | None = None) -> str | None:
@@ -35,7 +35,7 @@ def check_build(strict: bool = False) -> list[str]:
     problems = []
     mod = native_module()
     if mod is None:
-        return [f"the native epilogue is not built: {native._error}"] if strict else []
+        return [f"the native epilogue is not built: {extension._error}"] if strict else []
     want = philox_uniform(torch.tensor(7), torch.tensor(2**33 + 5), 9).tolist()
     if [mod.philox_uniform(7, 2**33 + 5, i) for i in range(9)] != want:
         problems.append("the native Philox disagrees with packed_ss.decode.sampling.philox_uniform")
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     mod = native_module()
     if mod is None:
-        print(f"packed-ss native epilogue: not built ({native._error})")
+        print(f"packed-ss native epilogue: not built ({extension._error})")
     else:
         print(f"packed-ss native epilogue: {mod.__file__}; CUDA part: "
               f"{'sm ' + mod.CUDA_ARCHS if mod.HAS_CUDA else 'no'}")

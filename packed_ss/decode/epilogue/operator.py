@@ -11,6 +11,8 @@ from typing import List, Optional
 
 import torch
 
+from .extension import native_module
+
 STATE = ("cache_len", "last", "draft", "draft_len", "q_idx", "q_prob", "out", "n_out", "done", "seed", "offset",
          "stop_ids", "max_new", "nfe", "n_verify", "n_accepted", "n_bonus")
 
@@ -32,7 +34,6 @@ def epilogue_step(cache_len: torch.Tensor, last: torch.Tensor, draft: torch.Tens
                   residual: Optional[torch.Tensor], config: List[int]) -> None:
     """config: prob bits, phase, verify kind, retain code, sampled, dense, block, vocab, v_rows, v_k, v_stride,
     z_k, z_stride, n_z (NativeEpilogue._call)."""
-    from .native import native_module   # native.py imports this module
     mod = native_module()
     state = (cache_len, last, draft, draft_len, q_idx, q_prob, out, n_out, done, seed, offset, stop_ids, max_new,
              nfe, n_verify, n_accepted, n_bonus)
@@ -57,7 +58,6 @@ def _(*args) -> None:
 def noise_race(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor, idx: Optional[torch.Tensor]) -> torch.Tensor:
     """shared_noise.torch_race by the native module (csrc/noise.h): the shared-noise sample of every row of prob
     [B, R, K] (float32 / float64; idx [B, R, K] int64, or None: dense), keyed by (seed [B], position [B, R])."""
-    from .native import native_module
     mod = native_module()
     seed, position, prob = seed.contiguous(), position.contiguous(), prob.contiguous()
     idx = None if idx is None else idx.contiguous()

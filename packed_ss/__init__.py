@@ -14,6 +14,9 @@ Words, each for one thing:
 - position: the index of a token's K/V in its request's cache (`cache_len` of them are valid).
 - page: `page_size` cache positions of one request, the unit of the K/V pool (runtime/kv_pool.py); a request's
   row of the page table names its pages in order.
+- sampling: a request's temperature, top-k, top-p (SamplingParams) and seed, kept as rows of its batch's state
+  (`DecodeState.sampling`); a program knows only whether its requests sample (`sampled`), so sampled requests
+  of any settings share one batch.
 """
 from .decode.sampling import SamplingParams
 from .engine import Engine

@@ -101,7 +101,7 @@ def check_request(engine, prompt_ids, max_new_tokens, temperature, top_k, top_p,
     if seed is None:
         seed = int.from_bytes(os.urandom(7), "little")
     stop_ids = sorted(set(eos) | set(stop_token_ids or []))
-    return Request(prompt, max_new_tokens, seed, stop_ids, sequences), params
+    return Request(prompt, max_new_tokens, seed, stop_ids, sequences, params), params
 
 
 def check_requests(engine, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, stop_token_ids,

@@ -34,6 +34,9 @@ DEFAULT_WIDTH = 8
 PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for width="auto"
 
 
+# The settings an adaptive sampled program's call costs are measured with (one program serves every setting):
+# truncated, so that a row is priced with its dearer logits processing.
+PRICED = SamplingParams(temperature=1.0, top_p=0.95)
 SAMPLERS = ("rejection", "gumbel")
 DEFAULT_SAMPLER = "rejection"
 ADAPTIVE = "adaptive"
@@ -150,7 +153,7 @@ class Engine:
         executor = executor_for(cuda_graph, ("inductor" if compile is True else compile) or None)
         self.runtime = Runtime(model, attention_backend(self.backend), executor, self.max_seq_len, prefill_chunk,
                                kv_cache_bytes, page_size, bool(prefix_cache))
-        self._programs: dict[SamplingParams, object] = {}
+        self._programs: dict[bool, object] = {}
         self.width_source = "given"
         self.policy_type = Policy          # the adaptive schedule's (tests put a policy that switches at will)
         if schedule == ADAPTIVE:
@@ -189,7 +192,7 @@ class Engine:
 
     def _measure_width(self, tokens: list[float], widths: range) -> int:
         """The width among `widths` with the most expected tokens (`tokens`, the profile) per measured ms."""
-        rows = {w: [lay.rows for lay in call_layouts(self._build(w, SamplingParams(), "torch"))] for w in widths}
+        rows = {w: [lay.rows for lay in call_layouts(self._build(w, False, "torch"))] for w in widths}
         counts = sorted({r for calls in rows.values() for r in calls})
         cost = call_cost(self.model, self.runtime.attend, self.backend,
                          [counts[0], counts[len(counts) // 2], counts[-1]])
@@ -207,8 +210,8 @@ class Engine:
         """One greedy request of `new_tokens` (no stop token) at `width`, for timing the step."""
         mask = self.model.cfg.mask_token_id
         prompt = [t for t in range(2, 2 + PROBE_PROMPT + 1) if t != mask][:PROBE_PROMPT]
-        request, params = check_request(self, prompt, new_tokens, 0.0, None, None, None, [], None, None)
-        return self._drain(self.runtime.decode(self._build(width, params, self.epilogue), [request]))[0]
+        request, _ = check_request(self, prompt, new_tokens, 0.0, None, None, None, [], None, None)
+        return self._drain(self.runtime.decode(self._build(width, False, self.epilogue), [request]))[0]
 
     @staticmethod
     def _pick_epilogue(epilogue: str | None, device) -> str:
@@ -223,39 +226,43 @@ class Engine:
         return "torch"
 
     def program(self, params: SamplingParams):
-        """The schedule bound to this engine's model, width, epilogue and `params` (one per setting)."""
-        if params not in self._programs:
-            free = params.greedy or self.sampler == "gumbel"       # the adaptive schedule's choice is free
+        """The schedule bound to this engine's model, width and epilogue that decodes requests like `params`: one
+        greedy program, and one sampled program for every sampled request, whatever its temperature, top-k and top-p
+        (each request's are rows of its batch state), so that sampled requests share a batch."""
+        sampled = not params.greedy
+        if sampled not in self._programs:
+            free = not sampled or self.sampler == "gumbel"       # the adaptive schedule's choice is free
             width = self.width if self.schedule_name != ADAPTIVE or free else min(self.width, NARROW)
-            self._programs[params] = self._build(width, params, self.epilogue)
-        return self._programs[params]
+            self._programs[sampled] = self._build(width, sampled, self.epilogue)
+        return self._programs[sampled]
 
-    def _build(self, width: int, params: SamplingParams, epilogue: str):
-        """The program for `params`; under the shared-noise sampler a sampled one is the greedy program on
-        perturbed scores."""
-        shared = self.sampler == "gumbel" and not params.greedy
-        base = SamplingParams() if shared else params
-        ending = make_epilogue(epilogue, self.model.device, width, base)
+    def _build(self, width: int, sampled: bool, epilogue: str):
+        """The greedy or the sampled program; under the shared-noise sampler the sampled one is the greedy program
+        on perturbed scores."""
+        shared = self.sampler == "gumbel" and sampled
+        verifies_sampled = sampled and not shared
+        ending = make_epilogue(epilogue, self.model.device, width, verifies_sampled)
         if self.any_order:
-            program = schedules(True)[self.schedule_name](self.model, width, base, ending, self.order)
+            program = schedules(True)[self.schedule_name](self.model, width, verifies_sampled, ending, self.order)
         elif self.schedule_name == ADAPTIVE:
             policy = self.policy_type.from_profile(shapes_for(width, self.drafts), self.model.draft_profile, width)
-            program = schedules()[ADAPTIVE](self.model, width, base, ending, self.drafts, policy=policy)
+            program = schedules()[ADAPTIVE](self.model, width, verifies_sampled, ending, self.drafts, policy=policy)
         else:
-            program = schedules()[self.schedule_name](self.model, width, base, ending, self.drafts)
-        sampled = SharedNoise(program, params) if shared else program
+            program = schedules()[self.schedule_name](self.model, width, verifies_sampled, ending, self.drafts)
+        built = SharedNoise(program) if shared else program
         if self.schedule_name == ADAPTIVE:      # what its iterations cost, noise included
-            costs = self._shape_costs(sampled, width, params, epilogue)
-            program.policy = program.policy.measured(costs, per_request=not (params.greedy or shared))
-        return sampled
+            costs = self._shape_costs(built, width, sampled, epilogue)
+            program.policy = program.policy.measured(costs, per_request=verifies_sampled)
+        return built
 
-    def _shape_costs(self, program, width: int, params: SamplingParams, epilogue: str) -> list[tuple]:
-        """An adaptive program's iteration costs per shape at batch 1 and COST_BATCH, measured once per process
-        for each model, device, setting and runner (they change the speed of its choices, never the output)."""
-        key = (id(self.model), str(self.model.device), self.model.dtype, width, self.drafts, params, epilogue,
-               self.backend, self.runtime.executor.name, self.runtime.executor.compile_backend)
+    def _shape_costs(self, program, width: int, sampled: bool, epilogue: str) -> list[tuple]:
+        """An adaptive program's iteration costs per shape at batch 1 and COST_BATCH (sampled: with the PRICED
+        settings), measured once per process for each model, device, mode and runner (they change the speed of its
+        choices, never the output)."""
+        key = (id(self.model), str(self.model.device), self.model.dtype, width, self.drafts, sampled, self.sampler,
+               epilogue, self.backend, self.runtime.executor.name, self.runtime.executor.compile_backend)
         if key not in _shape_costs:
-            _shape_costs[key] = self.runtime.shape_costs(program, (1, COST_BATCH))
+            _shape_costs[key] = self.runtime.shape_costs(program, (1, COST_BATCH), PRICED if sampled else None)
         return _shape_costs[key]
 
     # -- requests --------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import torch
 from scipy.stats import chi2
 
 from packed_ss.decode.epilogue import NativeEpilogue, make_epilogue
-from packed_ss.decode.sampling import SamplingParams, densify, sample_sparse, truncated_probs
+from packed_ss.decode.epilogue import Rows
+from packed_ss.decode.sampling import SamplingParams, inverse_cdf, truncated_probs
 from packed_ss.decode.registry import schedules
 from packed_ss.decode.state import DecodeState
 
@@ -40,7 +41,13 @@ class Case:
 
     @property
     def dense(self) -> bool:
-        return not self.params.greedy and self.params.top_k is None and self.params.top_p is None
+        """Sampled: the schedules' rows and the stored Q are dense (every sampled setting)."""
+        return not self.params.greedy
+
+    @property
+    def truncated(self) -> bool:
+        """Sampled with top-k or top-p: dense rows with zeros outside the kept tokens."""
+        return self.dense and (self.params.top_k is not None or self.params.top_p is not None)
 
     def model(self, device="cpu"):
         return SimpleNamespace(device=torch.device(device), cfg=SimpleNamespace(mask_token_id=self.vocab - 1,
@@ -48,8 +55,9 @@ class Case:
 
     def run(self, native: bool, device="cpu") -> DecodeState:
         """A copy of the state after the step, with the torch reference or the compiled epilogue."""
-        epilogue = make_epilogue("native" if native else "torch", device, self.width, self.params)
-        sched = schedules()[self.schedule](self.model(device), self.width, self.params, epilogue)
+        sampled = not self.params.greedy
+        epilogue = make_epilogue("native" if native else "torch", device, self.width, sampled)
+        sched = schedules()[self.schedule](self.model(device), self.width, sampled, epilogue)
         st = clone(self.state, device)
         if self.step == "prefill":
             step = sched.prefill(torch.zeros(self.prompt_len, dtype=torch.int64))
@@ -77,7 +85,7 @@ def make_case(seed: int, vocabs=(4, 9, 33, 100), max_width: int = 6) -> Case:
     vocab, width = rng.choice(vocabs), rng.randint(1, max_width)
     dtype = rng.choice([torch.float32, torch.float32, torch.float64, torch.bfloat16])
     sampled = not params.greedy
-    support = params.support(vocab) if sampled else 1
+    support = vocab if sampled else 1         # a sampled Q is dense
     block = width + 1
 
     # the stored draft and its Q: drawn from a drafter's truncated distribution, as retain stores them
@@ -87,10 +95,10 @@ def make_case(seed: int, vocabs=(4, 9, 33, 100), max_width: int = 6) -> Case:
         drafter = (drafter * 2).round() / 2                               # ties
     draft_len = rng.choice([width, width, rng.randint(0, width)])
     if sampled:
-        q_idx, q_prob = truncated_probs(drafter.to(dtype), params)
+        q_prob = truncated_probs(drafter[None].to(dtype), params.rows(1))[0].contiguous().clone()
+        q_idx = torch.arange(vocab).expand(width, vocab).contiguous()       # the dense layout: idx = token
         u = torch.rand(width, generator=gen, dtype=torch.float64)
-        draft = sample_sparse(q_idx, q_prob, u)
-        q_idx, q_prob = q_idx.contiguous().clone(), q_prob.contiguous().clone()
+        draft = inverse_cdf(q_prob, u)
         if rng.random() < 0.15:                                           # a zero in Q at a drafted token
             i = rng.randrange(width)
             q_prob[i][q_idx[i] == draft[i]] = 0.0
@@ -132,7 +140,7 @@ def make_case(seed: int, vocabs=(4, 9, 33, 100), max_width: int = 6) -> Case:
     max_new = rng.randint(1, 40)
     n_out = rng.choice([0, rng.randint(0, max_new - 1), max(0, max_new - rng.randint(1, 3))])
     st = DecodeState.new(width, support, max_new, sorted(set(stop)), rng.getrandbits(63), "cpu",
-                         q_dtype=torch.promote_types(dtype, torch.float32))
+                         q_dtype=torch.promote_types(dtype, torch.float32), params=params)
     st.draft.copy_(draft)
     st.draft_len.fill_(draft_len)
     st.q_idx.copy_(q_idx)
@@ -172,9 +180,19 @@ def g_test(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chi2.sf(g, max(1, len(obs) - 1)))
 
 
-def emitted_counts(device, params: SamplingParams, trials: int = 12000, width: int = 3, vocab: int = 6):
+def sparse_rows(prob: torch.Tensor, support: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distributions prob [..., V] in the sparse layout, built by hand: (idx, prob) [..., support], the `support`
+    most probable tokens sorted by decreasing probability (all of the mass when top-k keeps `support` tokens)."""
+    top, idx = prob.sort(dim=-1, descending=True, stable=True)
+    return idx[..., :support].contiguous(), top[..., :support].contiguous()
+
+
+def emitted_counts(device, params: SamplingParams, trials: int = 12000, width: int = 3, vocab: int = 6,
+                   sparse: bool = False):
     """Histograms [W + 1, V] of the token emitted at each position of one verification, where it is emitted (A
     above the position), drafts drawn from the stored Q; also the targets p [W + 1, V] and the Q rows [W, V].
+    The verifier rows are the schedules' (Epilogue.rows with the request's settings: dense), or with `sparse`
+    built by hand in the sparse layout (K = top_k entries sorted by decreasing probability), the stored Q too.
 
     The target rows do not depend on the drafts before them, so the token at position i, wherever it is
     emitted, follows p_i: an accepted draft or a correction for i < W, the bonus for i = W. Targets near
@@ -183,12 +201,20 @@ def emitted_counts(device, params: SamplingParams, trials: int = 12000, width: i
     drafter = torch.randn(width, vocab, generator=gen) * 1.5
     target = torch.cat([drafter + 0.6 * torch.randn(width, vocab, generator=gen),
                         torch.randn(1, vocab, generator=gen) * 1.5])
-    q_idx, q_prob = truncated_probs(drafter, params)
-    p = densify(*truncated_probs(target, params), vocab)
-    q = densify(q_idx, q_prob, vocab)
-    ep = NativeEpilogue(device, width, params)
-    rows = ep.rows(target[None].to(device))
-    st = DecodeState.new(width, params.support(vocab), 10, [], 5, device, q_dtype=q_prob.dtype)
+    p = truncated_probs(target[None], params.rows(1))[0]
+    q = truncated_probs(drafter[None], params.rows(1))[0]
+    ep = NativeEpilogue(device, width, sampled=True)
+    if sparse:
+        support = params.top_k
+        q_idx, q_prob = sparse_rows(q, support)
+        idx, prob = sparse_rows(p, support)
+        rows = Rows(idx=idx[None].to(device), prob=prob[None].to(device), vocab=vocab)
+    else:
+        support = vocab
+        q_idx, q_prob = torch.arange(vocab).expand(width, vocab), q
+        rows = ep.rows(target[None].to(device), params.rows(1, device))
+        assert rows.idx is None                                       # sampled rows are dense
+    st = DecodeState.new(width, support, 10, [], 5, device, q_dtype=q_prob.dtype, params=params)
     st.q_idx.copy_(q_idx)
     st.q_prob.copy_(q_prob)
     st.draft_len.fill_(width)
@@ -206,11 +232,12 @@ def emitted_counts(device, params: SamplingParams, trials: int = 12000, width: i
     return counts, p, q
 
 
-def check_emitted_tokens_follow_p(device, params: SamplingParams) -> None:
+def check_emitted_tokens_follow_p(device, params: SamplingParams, sparse: bool = False) -> None:
     """Accepted drafts, corrections and the bonus: the token at each position, where emitted, follows its p;
     the bonus position is reached in at least 30% of the trials, and the same test tells p from Q and from the
-    residual max(p - Q, 0) at the first position and at the bonus (power against a draw from the wrong one)."""
-    counts, p, q = emitted_counts(device, params)
+    residual max(p - Q, 0) at the first position and at the bonus (power against a draw from the wrong one).
+    `sparse`: rows and Q in the sparse layout (emitted_counts)."""
+    counts, p, q = emitted_counts(device, params, sparse=sparse)
     width = q.shape[0]
     for i in range(width + 1):
         assert g_test(counts[i], p[i]) > 1e-4, i

@@ -73,7 +73,7 @@ def ar_law(path, params: SamplingParams, length: int, prompt=PROMPT) -> dict[tup
     def next_probs(prefix):
         with torch.no_grad():
             logits = model(torch.tensor([prompt + prefix])).logits[0, -1]
-        return densify(*truncated_probs(logits, params), VOCAB)
+        return truncated_probs(logits[None], params.rows(1))[0]
     return sequence_law(next_probs, length)
 
 
@@ -84,7 +84,7 @@ def ltr_law(path, params: SamplingParams, length: int) -> dict[tuple, float]:
     def next_probs(prefix):
         with torch.no_grad():
             logits = model(torch.tensor([PROMPT + prefix + [mask]])).logits[0, -1]
-        return densify(*truncated_probs(logits, params), VOCAB)
+        return truncated_probs(logits[None], params.rows(1))[0]
     return sequence_law(next_probs, length)
 
 

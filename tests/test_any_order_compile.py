@@ -11,6 +11,7 @@ import torch
 from tiny_models import checkpoint
 
 from packed_ss import SamplingParams, load_model
+from packed_ss.decode import sampling
 from packed_ss.decode.registry import schedules
 from packed_ss.decode.epilogue import TorchEpilogue
 from packed_ss.model.attention import packed_attention_ref
@@ -37,8 +38,8 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _decode(runtime, program, prompt, stops):
-    decoding = runtime.decode(program, [Request(prompt, 12, 1, [], stops)])
+def _decode(runtime, program, prompt, stops, params):
+    decoding = runtime.decode(program, [Request(prompt, 12, 1, [], stops, params)])
     while True:
         try:
             next(decoding)
@@ -51,13 +52,14 @@ def _decode(runtime, program, prompt, stops):
                          ids=[f"{s}-{o}-{'greedy' if p.greedy else 'sampled'}-{b}" for s, o, p, b in CASES])
 def test_compiled_steps_equal_eager(model, schedule, order, params, backend):
     """Runtime modes "eager" and "compile" (each step: input, model call, update) give the same run."""
-    program = schedules(any_order=True)[schedule](model, 3, params, TorchEpilogue(model.device, 3, params), order)
+    sampled = not params.greedy
+    program = schedules(any_order=True)[schedule](model, 3, sampled, TorchEpilogue(model.device, 3, sampled), order)
     eager = Runtime(model, packed_attention_ref)
     compiled = Runtime(model, packed_attention_ref, Compiled(backend))
     for prompt in PROMPTS[:1]:   # each new shape (cache, stop table) compiles again
-        free = _decode(eager, program, prompt, [])[0]
+        free = _decode(eager, program, prompt, [], params)[0]
         for stops in ([], [tuple(free[5:7]), (free[9],)]):
-            assert _decode(eager, program, prompt, stops) == _decode(compiled, program, prompt, stops)
+            assert _decode(eager, program, prompt, stops, params) == _decode(compiled, program, prompt, stops, params)
 
 
 @contextlib.contextmanager
@@ -65,6 +67,7 @@ def no_host_reads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a decode step read a tensor on the host")
     with monkeypatch.context() as m:
+        m.setattr(sampling, "reads_are_free", lambda t: False)    # the logits processing's device path
         for name in ("item", "tolist", "__bool__", "__int__", "__float__", "nonzero"):
             m.setattr(torch.Tensor, name, refuse)
         yield
@@ -75,8 +78,9 @@ def no_host_reads(monkeypatch):
 def test_steps_read_nothing_and_freeze_after_done(model, monkeypatch, schedule, params):
     if not params.greedy and schedule == "threshold":
         pytest.skip("the threshold decoder is greedy")
-    sched = schedules(any_order=True)[schedule](model, 3, params, TorchEpilogue(model.device, 3, params), "ltr")
-    st = sched.new_state(Request(PROMPTS[0], 6, 0, [], [(7, 8)]))
+    sampled = not params.greedy
+    sched = schedules(any_order=True)[schedule](model, 3, sampled, TorchEpilogue(model.device, 3, sampled), "ltr")
+    st = sched.new_state(Request(PROMPTS[0], 6, 0, [], [(7, 8)], params))
     cache = model.new_cache(64, batch=1)
 
     def run(step):
@@ -99,7 +103,7 @@ def test_states_padded_to_the_graph_loops_shapes_decode_alike(model, schedule):
     """The CUDA-graph loop keeps one persistent state per program, made with fixed shapes (output length,
     stop table) and overwritten per request with copy_: requests of any prompt, length and stops get states
     of those shapes, and a padded state decodes exactly as a fresh one."""
-    sched = schedules(any_order=True)[schedule](model, 3, GREEDY, TorchEpilogue(model.device, 3, GREEDY),
+    sched = schedules(any_order=True)[schedule](model, 3, False, TorchEpilogue(model.device, 3, False),
                                 "confidence" if schedule != "threshold" else "ltr")
     shape = {"out_len": 64, "stop_slots": 8, "sequence_slots": (4, 8)}
     requests = [Request(PROMPTS[0], 12, 0, [9], [(7, 8)]), Request(PROMPTS[1], 20, 3, [], [(1, 2, 3), (4,)])]

@@ -103,8 +103,9 @@ def test_prompts_reading_in_move_with_a_growing_batch(model):
     prompts = [SHORT, LONG, LONG[::-1]]
     alone = [engine.generate(p, max_new_tokens=30, eos_token_id=[], temperature=1.0, seed=i).tokens
              for i, p in enumerate(prompts)]
-    scheduler = engine.runtime.scheduler(engine.program(SamplingParams(temperature=1.0)))
-    add = lambda i: scheduler.add([Request(prompts[i], 30, i, [], [])], 1, stream=False)   # noqa: E731
+    params = SamplingParams(temperature=1.0)
+    scheduler = engine.runtime.scheduler(engine.program(params))
+    add = lambda i: scheduler.add([Request(prompts[i], 30, i, [], [], params)], 1, stream=False)   # noqa: E731
     groups = [add(0)]
     scheduler.step()
     groups.append(add(1))

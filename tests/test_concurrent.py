@@ -1,5 +1,6 @@
 """Several callers on one Engine: generators consumed in turn and threads each get exactly what they get alone;
-requests with the same sampling settings join one running batch (packed_ss/runtime/scheduler.py), and a
+sampled requests of any settings join one running batch and greedy ones another (packed_ss/runtime/scheduler.py),
+and a
 generator closed early frees its slot, which the next request takes, and leaves nothing held."""
 import threading
 
@@ -58,6 +59,19 @@ def batch_sizes(monkeypatch):
     return sizes
 
 
+def streamed_in_turn(engine, reqs: list[dict], batch_sizes: list[int]) -> tuple[list, list]:
+    """(tokens of each request streamed while every stream is consumed in turn, as an async server would, with the
+    batch sizes recorded anew; its tokens decoded alone)."""
+    alone = [engine.generate(**r).tokens for r in reqs]
+    batch_sizes.clear()
+    streams = [engine.stream(**r) for r in reqs]
+    got = [[] for _ in reqs]
+    for _ in range(200):
+        for i, s in enumerate(streams):
+            got[i] += next(s, [])
+    return got, alone
+
+
 @pytest.mark.parametrize("n", [2, 8])
 @pytest.mark.parametrize("sampling", [dict(), dict(temperature=1.0, top_k=10)], ids=["greedy", "top-k"])
 def test_interleaved_streams_share_one_batch(model, batch_sizes, n, sampling):
@@ -66,15 +80,26 @@ def test_interleaved_streams_share_one_batch(model, batch_sizes, n, sampling):
     engine = packed_ss.Engine(model, schedule="packed", width=3)
     reqs = [dict(prompt_ids=PROMPTS[i % 4], max_new_tokens=12 + 5 * i, eos_token_id=[], seed=i, **sampling)
             for i in range(n)]
-    alone = [engine.generate(**r).tokens for r in reqs]
-    batch_sizes.clear()
-    streams = [engine.stream(**r) for r in reqs]
-    got = [[] for _ in reqs]
-    for _ in range(200):
-        for i, s in enumerate(streams):
-            got[i] += next(s, [])
+    got, alone = streamed_in_turn(engine, reqs, batch_sizes)
     assert got == alone
     assert max(batch_sizes) > n // 2, batch_sizes   # measured: 2 of 2, 7 of 8 (the first ends before the last joins)
+
+
+MIXED = [dict(temperature=1.0), dict(temperature=0.8, top_k=10), dict(temperature=1.2, top_p=0.9),
+         dict(temperature=0.5, top_k=3, top_p=0.8), dict(temperature=0.7, top_p=0.95), dict(temperature=2.0, top_k=70)]
+
+
+@pytest.mark.parametrize("schedule", ["ar", "packed", "linear", "quadratic", "lookup", "adaptive"])
+@pytest.mark.parametrize("sampler", ["rejection", "gumbel"])
+def test_requests_of_any_sampling_settings_share_one_batch(model, batch_sizes, schedule, sampler):
+    """Temperature, top-k and top-p are rows of the batch state: sampled requests that differ in all three decode in
+    one batch (a greedy request beside them in the greedy one), and each gets what it gets alone."""
+    engine = packed_ss.Engine(model, schedule=schedule, width=3, sampler=sampler)
+    reqs = [dict(prompt_ids=PROMPTS[i % 4], max_new_tokens=40 - 3 * i, eos_token_id=[], seed=10 + i, **setting)
+            for i, setting in enumerate(MIXED)] + [dict(prompt_ids=PROMPTS[1], max_new_tokens=20, eos_token_id=[])]
+    got, alone = streamed_in_turn(engine, reqs, batch_sizes)
+    assert got == alone
+    assert max(batch_sizes) == len(MIXED), batch_sizes
 
 
 def test_closed_stream_frees_its_slot_for_the_next(model, batch_sizes):

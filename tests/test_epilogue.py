@@ -17,15 +17,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from epilogue_cases import check_emitted_tokens_follow_p, clone, differences, make_case
+from epilogue_cases import check_emitted_tokens_follow_p, clone, differences, make_case, sparse_rows
 from tiny_models import checkpoint, config_eos, mid_output_token
 
 import packed_ss
 import packed_ss.decode.epilogue as epilogue_mod
 import packed_ss.decode.epilogue.extension as extension
 from packed_ss.decode.acceptance import verify_greedy, verify_sampled
-from packed_ss.decode.epilogue import NativeEpilogue, TorchEpilogue, native_available, native_module
-from packed_ss.decode.sampling import SamplingParams, densify, philox_uniform, truncated_probs
+from packed_ss.decode.epilogue import NativeEpilogue, Rows, TorchEpilogue, native_available, native_module
+from packed_ss.decode.sampling import SamplingParams, philox_uniform, truncated_probs
 from packed_ss.decode.registry import schedules
 from packed_ss.decode.state import DecodeState
 from packed_ss.runtime import Request
@@ -46,14 +46,14 @@ def _acceptance(case) -> int | None:
     if case.params.greedy:
         return int(verify_greedy(st.draft, st.draft_len, case.logits[None, :b].argmax(-1))[1])
     u = philox_uniform(st.seed, st.offset, 2 * b + 1)
-    p = densify(*truncated_probs(case.logits[None, :b], case.params), case.vocab)
+    p = truncated_probs(case.logits[None, :b], st.sampling)
     return int(verify_sampled(st.draft, st.draft_len, st.q_idx, st.q_prob, p, u)[1])
 
 
 @needs_native
 def test_random_steps_match_reference_bit_for_bit():
-    seen = dict(full=0, reject_first=0, partial=0, stop_inside=0, cap_inside=0, done=0, dense=0, sparse=0,
-                greedy=0, prefill=0)
+    seen = dict(full=0, reject_first=0, partial=0, stop_inside=0, cap_inside=0, done=0, untruncated=0,
+                truncated=0, greedy=0, prefill=0)
     for seed in range(N_CASES):
         case = make_case(seed)
         ref, got = case.run(native=False), case.run(native=True)
@@ -64,7 +64,7 @@ def test_random_steps_match_reference_bit_for_bit():
         st, a_total = case.state, None
         seen["done"] += bool(st.done)
         seen["prefill"] += case.step == "prefill"
-        seen["greedy" if case.params.greedy else ("dense" if case.dense else "sparse")] += 1
+        seen["greedy" if case.params.greedy else ("truncated" if case.truncated else "untruncated")] += 1
         a_total = _acceptance(case)
         if a_total is None:
             continue
@@ -91,18 +91,24 @@ def test_large_vocabulary_steps_match_reference():
 def test_fewer_verifier_rows_match_reference_bit_for_bit():
     """A draft verifies within the rows given, R <= W + 1 of them (the adaptive schedule passes each call's own
     width; a draft longer than R - 1 is cut): both epilogues leave the same state, and a cut draft accepts at
-    most R - 1 tokens. The drafts are long enough to be cut in most cases."""
-    seen = dict(cut=0, one_row=0, accepted=0)
+    most R - 1 tokens. The drafts are long enough to be cut in most cases. Half the top-k cases pass the rows
+    in the sparse layout, built by hand (the top_k tokens sorted by decreasing probability: what the native
+    epilogue still accepts), against the stored dense Q."""
+    seen = dict(cut=0, one_row=0, accepted=0, sparse=0)
     for seed in range(400):
         case = make_case(20_000 + seed)
         if case.logits.shape[0] < case.width + 1:
             continue
         rows = random.Random(seed).randint(1, case.width + 1)
+        sparse = case.params.top_k is not None and seed % 2 == 1
         after = []
         for kind in ("torch", "native"):
-            ep = epilogue_mod.make_epilogue(kind, "cpu", case.width, case.params)
+            ep = epilogue_mod.make_epilogue(kind, "cpu", case.width, not case.params.greedy)
             st = clone(case.state)
-            ep.step(st, verify=ep.rows(case.logits[None])[:rows])
+            given = ep.rows(case.logits[None], st.sampling)
+            if sparse:
+                given = Rows(None, *sparse_rows(given.prob, case.params.top_k), vocab=given.vocab)
+            ep.step(st, verify=given[:rows])
             after.append(st)
         diff = differences(*after, case.dense)
         assert not diff, (f"seed {seed}: R={rows} W={case.width} {case.params}: fields {diff} differ")
@@ -110,6 +116,7 @@ def test_fewer_verifier_rows_match_reference_bit_for_bit():
         assert emitted <= rows or bool(case.state.done), (seed, rows, emitted)
         seen["cut"] += int(case.state.draft_len) > rows - 1
         seen["one_row"] += rows == 1
+        seen["sparse"] += sparse
         seen["accepted"] += emitted > 1
     assert min(seen.values()) >= 20, seen
 
@@ -124,9 +131,11 @@ def test_philox_matches_reference():
 
 # -- 2. every emitted token follows p ------------------------------------------------------------------------
 @needs_native
-@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=4)], ids=["dense", "top-k"])
-def test_every_emitted_position_follows_p(params):
-    check_emitted_tokens_follow_p("cpu", params)
+@pytest.mark.parametrize("params,sparse", [(SamplingParams(1.0), False), (SamplingParams(0.8, top_k=4), False),
+                                           (SamplingParams(0.8, top_k=4), True)],
+                         ids=["dense", "top-k", "top-k-sparse"])
+def test_every_emitted_position_follows_p(params, sparse):
+    check_emitted_tokens_follow_p("cpu", params, sparse)
 
 
 # -- 3. end to end ---------------------------------------------------------------------------------------------
@@ -207,7 +216,7 @@ def test_cuda_path_without_gpu_raises_a_clear_error():
     mod = native_module()
     assert not native_available("cuda")
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
-        NativeEpilogue("cuda", 3, SamplingParams())
+        NativeEpilogue("cuda", 3, False)
     state = mod.State(*([0] * 17), 3, 1, 0, 1, 16, 8)   # width, support, stops, batch, output length, Q bytes
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mod.step_cuda(state, 32, mod.PHASE_BOTH, mod.VERIFY_DRAFT, mod.RETAIN_NONE, False, False, 4, 10,
@@ -220,12 +229,12 @@ def test_stored_q_takes_the_probabilities_dtype():
     model = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32,
                             cfg=SimpleNamespace(mask_token_id=0, vocab_size=11))
     params = SamplingParams(1.0)
-    sched = schedules()["packed"](model, 3, params, TorchEpilogue("cpu", 3, params))
-    assert sched.new_state(Request([1, 2], 4, 0, [], [])).q_prob.dtype == torch.float32
+    sched = schedules()["packed"](model, 3, True, TorchEpilogue("cpu", 3, True))
+    assert sched.new_state(Request([1, 2], 4, 0, [], [], params)).q_prob.dtype == torch.float32
     if native_module() is None:
         pytest.skip("the native epilogue is not built")
-    ep = NativeEpilogue("cpu", 3, params)
-    st = DecodeState.new(3, 11, 4, [], 0, "cpu", q_dtype=torch.float64)
-    rows = ep.rows(torch.randn(1, 8, 11))
+    ep = NativeEpilogue("cpu", 3, True)
+    st = DecodeState.new(3, 11, 4, [], 0, "cpu", q_dtype=torch.float64, params=params)
+    rows = ep.rows(torch.randn(1, 8, 11), st.sampling)
     with pytest.raises(ValueError, match="DecodeState.q_prob is torch.float64, the rows' probabilities torch.float32"):
         ep.step(st, verify=rows[:4], propose=rows[4:], retain="a")

@@ -23,7 +23,8 @@ from tiny_models import checkpoint
 import packed_ss
 import packed_ss.runtime.batch as batch_mod
 from packed_ss.decode.epilogue import NativeEpilogue, native_available, native_unavailable_reason
-from packed_ss.decode.sampling import SamplingParams
+from packed_ss.decode import sampling
+from packed_ss.decode.sampling import Sampling, SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 needs_cuda_native = pytest.mark.skipif(not torch.cuda.is_available() or not native_available("cuda"),
@@ -62,8 +63,8 @@ def rows_from_cpu(monkeypatch):
     """Make every NativeEpilogue compute its rows on the CPU and copy them to its device."""
     rows = NativeEpilogue.rows
 
-    def cpu_rows(self, logits):
-        r = rows(self, logits.cpu())
+    def cpu_rows(self, logits, sampling):
+        r = rows(self, logits.cpu(), Sampling(*(t.cpu() for t in sampling)))
         for name in ("arg", "idx", "prob"):
             t = getattr(r, name)
             if t is not None:
@@ -85,9 +86,11 @@ def test_cuda_steps_match_cpu_build(rows_from_cpu, vocabs, max_width, n):
 
 
 @needs_cuda_native
-@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=4)], ids=["dense", "top-k"])
-def test_every_emitted_position_follows_p_on_gpu(params):
-    check_emitted_tokens_follow_p("cuda", params)
+@pytest.mark.parametrize("params,sparse", [(SamplingParams(1.0), False), (SamplingParams(0.8, top_k=4), False),
+                                           (SamplingParams(0.8, top_k=4), True)],
+                         ids=["dense", "top-k", "top-k-sparse"])
+def test_every_emitted_position_follows_p_on_gpu(params, sparse):
+    check_emitted_tokens_follow_p("cuda", params, sparse)
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +198,17 @@ def test_batch_replay_matches_requests_alone(model, schedule, sampling):
                                          **sampling)
             assert [g.tokens for g in got] == [w.tokens for w in want]
             assert [(g.nfe, g.n_accepted) for g in got] == [(w.nfe, w.n_accepted) for w in want]
+
+
+def test_kept_on_gpu_keeps_the_cpu_tokens():
+    """`kept` on the device (every row sorted whole, nothing read on the host) keeps what the CPU's partial sort
+    keeps, request by request of one batch with per-request top_k / top_p (k around PARTIAL = 64, top-p needing
+    the full sort on 3000 tokens), on peaked and flat rows."""
+    g = torch.Generator().manual_seed(0)
+    settings = [(k, p) for k in (0, 1, 64, 65, 3000) for p in (0.5, 0.95, 1.0)]
+    logits = torch.randn(len(settings), 2, 3000, generator=g, dtype=torch.float64) * torch.tensor([4.0, 0.1])[:, None]
+    prob = torch.softmax(logits, -1)
+    top_k = torch.tensor([k for k, _ in settings])
+    top_p = torch.tensor([p for _, p in settings], dtype=torch.float64)
+    want = sampling.kept(prob, top_k, top_p)
+    assert torch.equal(sampling.kept(prob.cuda(), top_k.cuda(), top_p.cuda()).cpu(), want)

@@ -16,7 +16,6 @@ from packed_ss.kernels.attention import packed_attention
 
 from packed_ss import Engine, load_model
 from packed_ss.decode.epilogue import TorchEpilogue
-from packed_ss.decode.sampling import SamplingParams
 from packed_ss.decode.registry import schedules
 from packed_ss.decode.state import DecodeState
 from packed_ss.model.attention import Layout, gather_positions, packed_attention_ref, write_anchors
@@ -39,7 +38,7 @@ def engine_layout(kind: str, width: int):
         "packed": ("packed", 0), "linear_verify": ("linear", 1), "linear_draft": ("linear", 0),
         "quadratic": ("quadratic", 0),
     }[kind]
-    sched = schedules()[sched_name](model, width, SamplingParams(), TorchEpilogue(DEVICE, width, SamplingParams()))
+    sched = schedules()[sched_name](model, width, False, TorchEpilogue(DEVICE, width, False))
     step = sched.prefill(torch.zeros(PROMPT, dtype=torch.int64)) if call == "prefill" else sched.steps[call]
     return step.inputs(DecodeState.new(width, 1, 10, [], 0, DEVICE)).layout
 
@@ -178,7 +177,7 @@ def test_batch_with_a_see_row_per_request(dtype):
     rows see its own prompt, the shorter prompts padded after their end). One launch equals the reference run
     on each request alone with its own row of `see`; its anchors land in its own cache."""
     model = SimpleNamespace(device=DEVICE, cfg=SimpleNamespace(mask_token_id=0))
-    sched = schedules()["packed"](model, 3, SamplingParams(), TorchEpilogue(DEVICE, 3, SamplingParams()))
+    sched = schedules()["packed"](model, 3, False, TorchEpilogue(DEVICE, 3, False))
     prompts = [torch.zeros(n, dtype=torch.int64) for n in (7, 2, 5)]
     lay = sched.prefill(*prompts).inputs(None).layout
     assert lay.see.shape == (3, lay.rows)

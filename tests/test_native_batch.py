@@ -89,6 +89,7 @@ def make_case(seed: int, batch: int):
     f["prompt_len"] = torch.randint(1, 30, (batch,), generator=gen)     # not read by the epilogue
     f["accepted_at"] = torch.randint(0, 9, (batch, width), generator=gen)   # kept by Step.fold, not the epilogue
     f["context"] = torch.randint(-1, vocab, (batch, 4), generator=gen)      # read by the lookup drafter only
+    f.update(params.rows(batch)._asdict())          # the requests' sampling (temperature, top_k, top_p)
     assert set(f) == set(FIELDS)
     return SimpleCase(mode, dtype, width, vocab, k, params, f, rng, gen)
 
@@ -203,7 +204,7 @@ def test_one_batched_call_equals_per_request_calls(batch):
         case = make_case(1000 * batch + seed, batch)
         key = (case.width, case.mode, case.params)
         if key not in eps:     # one epilogue object per configuration: its caches see every batch size
-            eps[key] = NativeEpilogue("cpu", case.width, case.params)
+            eps[key] = NativeEpilogue("cpu", case.width, not case.params.greedy)
         ep = eps[key]
         ops = [OPS[seed % len(OPS)]] + case.rng.sample(OPS, case.rng.randint(0, 2))
         compare(case, ops, views=seed % 2 == 1, ep_batch=ep, ep_one=ep)
@@ -216,7 +217,7 @@ def test_one_batched_call_equals_per_request_calls(batch):
 def test_requests_differ():
     """The batched call must not just repeat request 0: a case where the requests' outcomes differ."""
     case = make_case(7, 8)
-    ep = NativeEpilogue("cpu", case.width, case.params)
+    ep = NativeEpilogue("cpu", case.width, not case.params.greedy)
     st = DecodeState(**{k: v.clone() for k, v in case.fields.items()})
     v, _, z = case.rows(st.tensors(), case.block)
     ep.step(st, verify=v, propose=z, retain="a")
@@ -226,7 +227,7 @@ def test_requests_differ():
 def test_layouts_and_shapes_are_checked():
     case = make_case(2, 3)      # sampled sparse
     assert case.mode == "sparse"
-    ep = NativeEpilogue("cpu", case.width, case.params)
+    ep = NativeEpilogue("cpu", case.width, not case.params.greedy)
     st = DecodeState(**{k: v.clone() for k, v in case.fields.items()})
     v, _, z = case.rows(st.tensors(), 2)
     n = v.prob.shape[1]

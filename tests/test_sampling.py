@@ -2,8 +2,9 @@
 import pytest
 import torch
 
+from packed_ss.decode import sampling
 from packed_ss.decode.acceptance import verify_greedy
-from packed_ss.decode.sampling import SamplingParams, densify, inverse_cdf, philox4x32, philox_uniform, truncated_probs
+from packed_ss.decode.sampling import Sampling, SamplingParams, inverse_cdf, philox4x32, philox_uniform, truncated_probs
 
 
 def words(*values):
@@ -31,17 +32,84 @@ def test_uniforms_are_deterministic_distinct_and_in_range():
     assert abs(a.mean().item() - 0.5) < 0.03          # 1000 uniforms: sd of the mean ~0.009
 
 
+def truncated(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """truncated_probs of one request's rows logits [..., V] (a batch of one)."""
+    return truncated_probs(logits[None], params.rows(1))[0]
+
+
 def test_top_k_and_top_p_truncation():
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
-    idx, prob = truncated_probs(logits, SamplingParams(1.0, top_k=2))
-    assert idx.tolist() == [0, 1]
-    torch.testing.assert_close(prob, torch.softmax(torch.tensor([2.0, 1.0]), 0))
+    prob = truncated(logits, SamplingParams(1.0, top_k=2))      # dense: token order, zeros outside the kept set
+    assert prob.shape == (5,) and (prob > 0).tolist() == [True, True, False, False, False]
+    torch.testing.assert_close(prob[:2], torch.softmax(torch.tensor([2.0, 1.0]), 0))
     full = torch.softmax(logits, 0)                    # [0.61, 0.22, 0.14, 0.08, 0.03]
-    p = densify(*truncated_probs(logits, SamplingParams(1.0, top_p=0.7)), 5)
+    p = truncated(logits, SamplingParams(1.0, top_p=0.7))
     assert (p > 0).tolist() == [True, True, False, False, False]   # 0.61 < 0.7 <= 0.61 + 0.22
     torch.testing.assert_close(p[:2], full[:2] / full[:2].sum())
-    cold = densify(*truncated_probs(logits, SamplingParams(0.5)), 5)
+    shuffled = logits[[3, 0, 4, 2, 1]]                 # token order, not sorted: the same set, where its tokens are
+    assert torch.equal(truncated(shuffled, SamplingParams(1.0, top_k=2)), prob[[3, 0, 4, 2, 1]])
+    cold = truncated(logits, SamplingParams(0.5))
     torch.testing.assert_close(cold, torch.softmax(logits / 0.5, 0))
+    greedy = truncated(shuffled, SamplingParams(0.0, top_k=3, top_p=0.5))    # temperature 0: one-hot argmax
+    assert greedy.tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+# Requests with their own settings in one batch: temperature, top-k (k = 1, above PARTIAL = 64, above the
+# vocabulary), top-p (some needing the full sort on 3000 tokens), and temperature 0 (one-hot argmax).
+MIXES = {
+    "temperature": [SamplingParams(0.5), SamplingParams(1.0), SamplingParams(1.7)],
+    "top-k": [SamplingParams(1.0, top_k=1), SamplingParams(0.8, top_k=3), SamplingParams(1.0, top_k=100),
+              SamplingParams(1.0), SamplingParams(1.2, top_k=5000)],
+    "top-p": [SamplingParams(1.0, top_p=0.3), SamplingParams(0.9, top_p=0.9), SamplingParams(1.5, top_p=0.999),
+              SamplingParams(1.0, top_p=1.0)],
+    "greedy": [SamplingParams(), SamplingParams(1.0), SamplingParams(0.0, top_k=2, top_p=0.5),
+               SamplingParams(1.0, top_k=4)],
+    "all": [SamplingParams(), SamplingParams(1.0, top_k=2, top_p=0.5), SamplingParams(0.7, top_p=0.95),
+            SamplingParams(1.3, top_k=70, top_p=0.99), SamplingParams(0.6), SamplingParams(1.0, top_k=64, top_p=0.8),
+            SamplingParams(0.0, top_k=5)],
+}
+
+
+def batch_of(params: list[SamplingParams]) -> Sampling:
+    return Sampling(*(torch.cat(t) for t in zip(*(p.rows(1) for p in params))))
+
+
+@pytest.mark.parametrize("vocab", [5, 3000])
+@pytest.mark.parametrize("mix", MIXES)
+def test_per_request_settings_in_one_batch_equal_each_request_alone(mix, vocab):
+    """truncated_probs of a batch whose requests each have their own settings (3 rows each, peaked and flat
+    logits, ties) is, request for request, what it gives that request alone; a temperature-0 request gets the
+    one-hot of its argmax, every other a distribution on the tokens its settings keep."""
+    params = MIXES[mix]
+    g = torch.Generator().manual_seed(vocab)
+    scale = torch.tensor([4.0, 0.3, 1.0])[:, None]
+    logits = torch.randn(len(params), 3, vocab, generator=g, dtype=torch.float64) * scale
+    logits[:, 2] = (logits[:, 2] * 2).round() / 2                    # ties
+    for dtype in (torch.float32, torch.float64):
+        batched = truncated_probs(logits.to(dtype), batch_of(params))
+        assert batched.shape == logits.shape and batched.dtype == dtype
+        for b, p in enumerate(params):
+            alone = truncated_probs(logits[b:b + 1].to(dtype), p.rows(1))[0]
+            assert torch.equal(batched[b], alone), (mix, vocab, dtype, b, p)
+            if p.greedy:
+                assert torch.equal(alone, torch.nn.functional.one_hot(logits[b].to(dtype).argmax(-1), vocab).to(dtype))
+            else:
+                torch.testing.assert_close(alone.sum(-1), torch.ones(3, dtype=dtype))
+                assert (alone >= 0).all()
+
+
+@pytest.mark.parametrize("vocab", [5, 3000])
+@pytest.mark.parametrize("mix", MIXES)
+def test_the_device_path_keeps_what_the_cpu_path_keeps(monkeypatch, mix, vocab):
+    """On the CPU, eagerly, truncated_probs skips by host reads the rules no request asks for and ranks whole only
+    the rows a partial sort cannot settle; the device path (CUDA, compiled) reads nothing and takes every rule on
+    every row. Both give the same distributions."""
+    params = MIXES[mix]
+    g = torch.Generator().manual_seed(vocab + 1)
+    logits = torch.randn(len(params), 3, vocab, generator=g, dtype=torch.float64) * torch.tensor([4.0, 0.3, 1.0])[:, None]
+    eager = truncated_probs(logits, batch_of(params))
+    monkeypatch.setattr(sampling, "reads_are_free", lambda t: False)
+    assert torch.equal(truncated_probs(logits, batch_of(params)), eager), mix
 
 
 def test_inverse_cdf_never_draws_a_zero_weight():
@@ -57,3 +125,13 @@ def test_greedy_verification_counts_the_leading_matches():
     for draft, draft_len, accepted in cases:
         emitted, n = verify_greedy(torch.tensor([draft]), torch.tensor([draft_len]), logits.argmax(-1)[None])
         assert n.tolist() == [accepted] and emitted[0, :accepted].tolist() == [4, 2, 5, 1, 0][:accepted]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.8, top_k=70, top_p=0.9), SamplingParams()],
+                         ids=["T1", "top-k-top-p", "greedy"])
+def test_one_setting_broadcasts_over_the_batch(params):
+    """Settings of shape [1] or 0-d apply to every request of the batch, as the same settings per request do."""
+    logits = torch.randn(4, 3, 300, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2
+    want = truncated_probs(logits, params.rows(4))
+    assert torch.equal(truncated_probs(logits, params.rows(1)), want)
+    assert torch.equal(truncated_probs(logits, Sampling(*(t[0] for t in params.rows(1)))), want)

@@ -37,7 +37,7 @@ from scipy.stats import chi2_contingency
 
 import packed_ss.decode.epilogue.reference as torch_epilogue
 from packed_ss.decode.epilogue import TorchEpilogue
-from packed_ss.decode.sampling import SamplingParams
+from packed_ss.decode.sampling import Sampling
 from packed_ss.decode.schedules.packed import Packed
 
 CASES = [("ar", 1, T1), ("ar", 2, TOP_P)] + [(s, w, p) for s in ("linear", "quadratic", "packed")
@@ -84,8 +84,9 @@ def test_detects_broken_acceptance(path, monkeypatch, broken, schedule, width, p
 def target_untruncated(self, st, logits):
     """Broken Packed.update: top-k / top-p applied to the drafter's proposals only, the verifier's p untruncated."""
     b = self.block
-    target = TorchEpilogue(self.device, self.width, SamplingParams(self.params.temperature)).rows(logits[:, :b])
-    self.epilogue.step(st, verify=target, propose=self.epilogue.rows(logits)[b + 1:], retain="a")
+    untruncated = Sampling(st.temperature, torch.zeros_like(st.top_k), torch.ones_like(st.top_p))
+    target = TorchEpilogue(self.device, self.width, True).rows(logits[:, :b], untruncated)
+    self.epilogue.step(st, verify=target, propose=self.epilogue.rows(logits, st.sampling)[b + 1:], retain="a")
 
 
 @pytest.mark.parametrize("params", [TOP_K, TOP_P], ids=["top-k", "top-p"])
@@ -134,7 +135,7 @@ def neighbours_share_uniforms(self, st):
     """Broken: after its prefill, request 2j and request 2j+1 draw with one key (seed // 2), as a step that keyed
     its random numbers by position in the batch would: each request alone still follows the AR law (its draws
     stay independent of each other), but neighbours in a batch share their random numbers."""
-    if self.params.greedy:
+    if not self.sampled:
         return None
     u = torch_epilogue.philox_uniform(torch.where(st.offset > 0, st.seed // 2, st.seed), st.offset, self.n_uniform)
     st.offset.add_(1)

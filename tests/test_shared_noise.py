@@ -16,7 +16,7 @@ import packed_ss.decode.shared_noise as shared_noise
 from packed_ss.decode.epilogue import native_available, native_module
 from packed_ss.decode.epilogue.operator import noise_race
 from packed_ss.decode import sampling
-from packed_ss.decode.sampling import SamplingParams, exponential_noise, truncated_probs
+from packed_ss.decode.sampling import Sampling, SamplingParams, exponential_noise, truncated_probs
 from packed_ss.runtime import Request
 
 PROMPTS = [[3, 17, 42, 8, 9], list(range(1, 20)), [60, 3], [11, 11, 40, 7, 7, 90, 1, 4], [5], [9, 9, 9],
@@ -107,7 +107,7 @@ def test_no_draft_distribution_is_stored(model):
     params = SamplingParams(temperature=1.0)
     for sampler, support in (("gumbel", 1), ("rejection", model.cfg.vocab_size)):
         program = packed_ss.Engine(model, schedule="packed", width=8, sampler=sampler).program(params)
-        state = program.new_state(Request([1, 2], 8, 0, [], []))
+        state = program.new_state(Request([1, 2], 8, 0, [], [], params))
         assert state.q_prob.shape == (1, 8, support)
 
 
@@ -170,28 +170,60 @@ def test_native_race_equals_the_torch_race(params, dtype):
         pytest.skip("the native module is not built")
     gen = torch.Generator().manual_seed(0)
     seed, position = torch.tensor([3, 2**40 + 7]), torch.tensor([[0, 1, 2, 5000, 6], [7, 8, 9, 2**33, 10]])
-    dense = params.top_k is None and params.top_p is None
+    truncates = params.top_k is not None or params.top_p is not None
     for vocab in (1, 2, 97, 511, 512, 513, 4096, 4095):
         for scale in (0.1, 3.0):
             logits = (torch.randn(2, 5, vocab, generator=gen) * scale).to(dtype)
-            idx, prob = truncated_probs(logits, params)
-            idx = None if dense else idx
-            assert torch.equal(noise_race(seed, position, prob, idx), shared_noise.torch_race(seed, position, prob, idx))
+            prob = truncated_probs(logits, params.rows(2))          # dense, zeros outside the kept tokens
+            races = [(prob, None)]
+            if truncates:   # also sparse (idx, prob), by hand: the kept tokens sorted by decreasing probability
+                top, idx = prob.sort(dim=-1, descending=True, stable=True)
+                support = min(params.top_k or vocab, vocab)
+                races.append((top[..., :support].contiguous(), idx[..., :support].contiguous()))
+            for p, idx in races:
+                assert torch.equal(noise_race(seed, position, p, idx), shared_noise.torch_race(seed, position, p, idx))
     tokens = torch.arange(9)
     want = torch.exp(-exponential_noise(torch.tensor(5), torch.tensor(2**33 + 1), tokens))
     assert [native_module().noise_uniform(5, 2**33 + 1, x) for x in range(9)] == pytest.approx(want.tolist(), rel=1e-15)
 
 
-@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95])
-def test_top_p_kept_is_the_sorted_rule(top_p):
-    """The dense top-p mask the shared-noise race uses (a partial sort, whole rows only where the head holds too
-    little mass) keeps what truncated_probs keeps of the fully sorted distribution, on peaked and flat rows."""
-    g = torch.Generator().manual_seed(0)
-    logits = torch.cat([torch.randn(8, 500, generator=g, dtype=torch.float64) * 4,
-                        torch.randn(8, 500, generator=g, dtype=torch.float64) * 0.1])
+def sorted_rule(prob: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """The reference rule of one distribution prob [V]: sort it (decreasing), keep the top_k first (0: all),
+    renormalise, then keep the tokens whose mass before them is below top_p (1: all); a bool mask [V]."""
+    vocab = prob.shape[-1]
+    values, idx = prob.sort(descending=True, stable=True)
+    k = top_k if 0 < top_k < vocab else vocab
+    values, idx = values[:k], idx[:k]
+    if k < vocab:
+        values = values / values.sum()
+    before = values.cumsum(-1) - values
+    keep = before < top_p if top_p < 1 else torch.ones(k, dtype=torch.bool)
+    return torch.zeros(vocab, dtype=torch.bool).index_fill(0, idx[keep], True)
+
+
+@pytest.mark.parametrize("vocab", [50, 500])
+def test_kept_is_the_sorted_rule(vocab):
+    """`kept` (top-k then top-p; a partial sort of the PARTIAL most probable tokens, whole rows sorted only where k
+    exceeds it or the head holds too little mass) keeps, request by request of ONE batch with per-request top_k /
+    top_p, what the fully sorted rule keeps, on peaked and flat rows, k around PARTIAL and above the vocabulary."""
+    g = torch.Generator().manual_seed(vocab)
+    settings = [(k, p) for k in (0, 1, 3, sampling.PARTIAL, sampling.PARTIAL + 1, 200, vocab - 1, vocab, 2 * vocab)
+                for p in (0.5, 0.9, 0.95, 1.0)]
+    scale = torch.tensor([4.0, 0.1])[:, None]
+    logits = torch.randn(len(settings), 2, vocab, generator=g, dtype=torch.float64) * scale   # [B, R, V]
     prob = torch.softmax(logits, -1)
-    idx, p = truncated_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
-    want = torch.zeros_like(prob, dtype=torch.bool).scatter(-1, idx, p > 0)
-    assert torch.equal(sampling.top_p_kept(prob, top_p), want)
-    head_mass = prob.topk(sampling.PARTIAL, -1).values.sum(-1)
-    assert (head_mass < top_p).any() and (head_mass >= top_p).any()      # both ways of finding the threshold ran
+    top_k = torch.tensor([k for k, _ in settings])
+    top_p = torch.tensor([p for _, p in settings], dtype=torch.float64)
+    got = sampling.kept(prob, top_k, top_p)
+    assert got.shape == prob.shape and got.dtype == torch.bool
+    for b, (k, p) in enumerate(settings):
+        for r in range(2):
+            assert torch.equal(got[b, r], sorted_rule(prob[b, r], k, p)), (vocab, k, p, r)
+    if vocab > sampling.PARTIAL:   # both ways of finding the threshold ran: the head alone, and the full sort
+        head_mass = prob.topk(sampling.PARTIAL, -1).values.sum(-1)
+        untruncated_k = (top_k == 0) | (top_k >= vocab)
+        assert (untruncated_k[:, None] & (top_p < 1)[:, None] & (head_mass < top_p[:, None])).any()
+        assert ((top_k > sampling.PARTIAL) & (top_k < vocab)).any()
+        assert (head_mass >= top_p[:, None]).any()
+    truncated = truncated_probs(logits, Sampling(torch.ones(len(settings), dtype=torch.float64), top_k, top_p))
+    assert torch.equal(truncated > 0, got)     # what truncated_probs keeps (no probability underflows here)

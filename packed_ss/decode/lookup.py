@@ -56,9 +56,7 @@ def lookup_draft(st, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return draft, length, found
 
 
-def point_mass(draft: torch.Tensor, support: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q rows (idx, prob) [B, W, K] that put all mass on each draft token: idx = token ids 0..V-1 when K = V
-    (the dense layout, idx = token), else d, d+1, ... (mod V, distinct) with the mass on the first."""
-    j = torch.arange(support, device=draft.device)
-    idx = j.expand(*draft.shape, -1) if support == vocab else (draft[:, :, None] + j) % vocab
+def point_mass(draft: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q rows (idx, prob) [B, W, V] in the dense layout (idx = token) that put all mass on each draft token."""
+    idx = torch.arange(vocab, device=draft.device).expand(*draft.shape, -1)
     return idx, idx == draft[:, :, None]

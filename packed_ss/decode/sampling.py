@@ -5,9 +5,9 @@ compiles with `torch.compile(fullgraph=True)` and can be captured in a CUDA grap
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+
+from ..runtime.request import Sampling, SamplingParams
 
 _M32 = 0xFFFFFFFF
 _PHILOX_M = (0xD2511F53, 0xCD9E8D57)
@@ -91,64 +91,73 @@ def exponential_noise(seed: torch.Tensor, position: torch.Tensor, tokens: torch.
     return -torch.log(u)
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 means greedy; top_k / top_p None means no truncation."""
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def support(self, vocab_size: int) -> int:
-        """Entries stored per truncated distribution (sparse when top-k truncates)."""
-        return min(self.top_k, vocab_size) if self.top_k else vocab_size
+PARTIAL = 64    # kept: the most probable tokens a partial sort ranks first
 
 
-def truncated_probs(logits: torch.Tensor, params: SamplingParams):
-    """Temperature, then top-k, then top-p, as a sparse distribution (idx [..., K], prob [..., K]).
-
-    K = params.support(vocab). With top-k or top-p the entries are sorted by decreasing probability
-    and those cut by top-p get probability 0; without truncation the distribution is dense
-    (idx = token id) and no sort is paid. The same function defines the target p and the drafter's Q.
-    """
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if params.top_k is None and params.top_p is None:
-        idx = torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape)
-        return idx, torch.softmax(logits / params.temperature, dim=-1)
-    vals, idx = logits.topk(params.support(logits.shape[-1]), dim=-1)
-    prob = torch.softmax(vals / params.temperature, dim=-1)
-    if params.top_p is not None and params.top_p < 1.0:
-        mass_before = prob.cumsum(-1) - prob
-        prob = torch.where(mass_before < params.top_p, prob, torch.zeros_like(prob))
-        prob = prob / prob.sum(-1, keepdim=True)
-    return idx, prob
+def reads_are_free(t: torch.Tensor) -> bool:
+    """Whether the logits processing may read t's values on the host to skip work no request asks for: on the CPU,
+    eagerly, where a read costs nothing. On another device, or compiled, it reads nothing (the device path: every
+    row takes every rule; tests/host_reads.py counts the reads of that path, what a GPU would pay)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
-PARTIAL = 64    # top_p_kept: the most probable tokens a partial sort ranks first
+def _per_row(setting: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-request setting [B] shaped to broadcast over rows like [B, ..., V]."""
+    return setting.view(setting.shape + (1,) * (like.dim() - setting.dim()))
 
 
-def top_p_kept(prob: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Which tokens top-p keeps of dense distributions prob [..., V]: those whose mass ranked before them is below
-    top_p, the rule `truncated_probs` applies to the sorted distribution (the same set, but that tokens tied at
-    the threshold are all kept here), as a bool mask [..., V] without a full sort. A partial sort of the PARTIAL
-    most probable tokens finds the threshold wherever they hold top_p of the mass; the rows where they do not
-    are ranked whole (on the CPU, eagerly: those rows alone, found by a host read that costs nothing there;
-    compiled or on another device, every row, so that nothing reads the device)."""
-    def threshold(values: torch.Tensor) -> torch.Tensor:      # values sorted decreasing: the smallest kept one
-        before = values.cumsum(-1) - values
-        return values.masked_fill(before >= top_p, torch.inf).amin(-1)
+def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Which tokens top-k, then top-p, keep of dense distributions prob [B, ..., V] (top_k [B], 0: all; top_p [B],
+    1: all), as a bool mask [B, ..., V]: top-k keeps the k most probable tokens, top-p of those the ones whose mass
+    ranked before them is below top_p of the top-k mass (the rule of a sorted, truncated, renormalised
+    distribution; tokens tied at a threshold are all kept). No full sort: a partial sort of the PARTIAL most
+    probable tokens finds the threshold wherever k <= PARTIAL or those tokens hold top_p of the mass; the rows
+    where they do not are ranked whole (those rows alone where `reads_are_free`, else every row)."""
     vocab = prob.shape[-1]
-    if prob.device.type != "cpu" or torch.compiler.is_compiling() or vocab <= PARTIAL:
-        return prob >= threshold(prob.sort(-1, descending=True).values)[..., None]
-    head = prob.topk(PARTIAL, -1).values
-    cut = threshold(head)
-    short = head.sum(-1) < top_p
-    if short.any():
-        cut[short] = threshold(prob[short].sort(-1, descending=True).values)
-    return prob >= cut[..., None]
+    flat = prob.reshape(-1, vocab)
+    k = _per_row(top_k, prob)[..., 0].expand(prob.shape[:-1]).reshape(-1)
+    k = torch.where((k > 0) & (k < vocab), k, vocab)
+    p = _per_row(top_p, prob)[..., 0].expand(prob.shape[:-1]).reshape(-1).to(prob.dtype)
+
+    def threshold(values: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """The smallest kept probability of rows whose `values` [N, n] are their n largest, sorted."""
+        top = torch.arange(values.shape[-1], device=values.device) < k[:, None]
+        mass = torch.where(k < vocab, (values * top).sum(-1), 1.0)
+        before = values.cumsum(-1) - values
+        keep = top & ((before < (p * mass)[:, None]) | (p >= 1)[:, None])
+        return values.masked_fill(~keep, torch.inf).amin(-1)
+    if not reads_are_free(prob) or vocab <= PARTIAL:
+        cut = threshold(flat.sort(-1, descending=True).values, k, p)
+    else:
+        head = flat.topk(PARTIAL, -1).values
+        cut = threshold(head, k, p)
+        short = ((k > PARTIAL) & (k < vocab)) | ((k == vocab) & (p < 1) & (head.sum(-1) < p))
+        if short.any():
+            cut[short] = threshold(flat[short].sort(-1, descending=True).values, k[short], p[short])
+    cut = torch.where((k == vocab) & (p >= 1), 0.0, cut)          # nothing truncated: every token
+    return (flat >= cut[:, None]).view(prob.shape)
+
+
+def truncated_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, per request: dense distributions [B, ..., V] from logits [B, ..., V]
+    and the requests' `sampling` [B], zero outside the kept tokens (`kept`). The same function defines the target p
+    and the drafter's Q. Rows that truncate nothing are the softmax itself (not renormalised), so that untruncated
+    sampling pays no mask; a request of temperature 0 gets the point mass on its argmax (greedy, the limit), which
+    every rule of the rejection sampler turns into greedy decoding. Where `reads_are_free`, what no request asks is
+    skipped."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    eager = reads_are_free(logits)
+    cold = sampling.temperature == 0
+    temperature = torch.where(cold, 1.0, sampling.temperature)
+    prob = torch.softmax(logits / _per_row(temperature, logits).to(logits.dtype), dim=-1)
+    truncates = ((sampling.top_k > 0) | (sampling.top_p < 1)) & ~cold
+    if not eager or truncates.any():
+        cut = prob * kept(prob, sampling.top_k, sampling.top_p)
+        prob = torch.where(_per_row(truncates, prob), cut / cut.sum(-1, keepdim=True), prob)
+    if not eager or cold.any():
+        argmax = torch.zeros_like(prob).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        prob = torch.where(_per_row(cold, prob), argmax, prob)
+    return prob
 
 
 def take_rows(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from ..runtime import ModelInput, Step
 from .epilogue import NativeEpilogue
 from .epilogue.operator import noise_race
 from . import sampling
-from .sampling import SamplingParams, truncated_probs
+from .sampling import Sampling, truncated_probs
 
 DRAFT_SUPPORT = 64     # the drafter's likeliest tokens its shared-noise race ranks (draft_tokens)
 
@@ -38,31 +38,27 @@ def torch_race(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor, i
     return tokens.gather(-1, score.argmax(-1, keepdim=True))[..., 0]
 
 
-def target_tokens(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, params: SamplingParams,
+def target_tokens(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, settings: Sampling,
                   race=torch_race) -> torch.Tensor:
     """The shared-noise samples [B, R] of target rows logits [B, R, V] at output positions `position`: the token
-    of largest p(x) / E(seed, j, x) over p truncated as the target is (top-p alone: a dense mask, no full sort)."""
-    if params.top_k is None and params.top_p is not None and params.top_p < 1.0:
-        prob = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / params.temperature, -1)
-        return race(seed, position, prob * sampling.top_p_kept(prob, params.top_p), None)
-    idx, prob = truncated_probs(logits, params)
-    dense = params.top_k is None and params.top_p is None
-    return race(seed, position, prob, None if dense else idx)
+    of largest p(x) / E(seed, j, x) over p truncated as the target is, with each request's `settings` [B]."""
+    return race(seed, position, truncated_probs(logits, settings), None)
 
 
-def draft_tokens(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, params: SamplingParams,
+def draft_tokens(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, settings: Sampling,
                  race=torch_race) -> torch.Tensor:
     """The drafter's proposals [B, R] from drafting rows: the same race over its DRAFT_SUPPORT likeliest tokens
     (after temperature) only. Any drafter keeps the output exact here (a draft is accepted when it equals the
     target's own sample), so the drafter skips the target's truncation and ranks a few tokens, not the
     vocabulary."""
     vals, idx = logits.topk(min(DRAFT_SUPPORT, logits.shape[-1]), -1)
-    prob = torch.softmax(vals.to(torch.promote_types(vals.dtype, torch.float32)) / params.temperature, -1)
+    vals = vals.to(torch.promote_types(vals.dtype, torch.float32))
+    prob = torch.softmax(vals / settings.temperature.to(vals.dtype)[:, None, None], -1)
     return race(seed, position, prob, idx)
 
 
 def perturbed_scores(logits: torch.Tensor, inp: ModelInput, seed: torch.Tensor, prompt_len: torch.Tensor,
-                     params: SamplingParams, race=torch_race) -> torch.Tensor:
+                     settings: Sampling, race=torch_race) -> torch.Tensor:
     """Scores for every row of logits [B, R, V] of the call `inp` whose argmax is the row's shared-noise sample
     (one-hot): the token of largest p(x) / E(seed, j, x), j the output position the row predicts, E standard
     exponential noise, p truncated as the target is (target_tokens) on the rows before the layout's drafting
@@ -72,22 +68,23 @@ def perturbed_scores(logits: torch.Tensor, inp: ModelInput, seed: torch.Tensor, 
     causal = torch.arange(rows, device=logits.device) < inp.layout.n_anchor
     position = (inp.positions + causal - prompt_len[:, None]).clamp(min=0)                 # [B, R]
     split = rows if inp.layout.draft_from is None else inp.layout.draft_from
-    tokens = target_tokens(logits[:, :split], seed, position[:, :split].contiguous(), params, race)
+    tokens = target_tokens(logits[:, :split], seed, position[:, :split].contiguous(), settings, race)
     if split < rows:
-        drafts = draft_tokens(logits[:, split:], seed, position[:, split:].contiguous(), params, race)
+        drafts = draft_tokens(logits[:, split:], seed, position[:, split:].contiguous(), settings, race)
         tokens = torch.cat([tokens, drafts], 1)
     return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, tokens[..., None], 1.0)
 
 
 class SharedNoise:
-    """A greedy program (schedule, epilogue, state without Q) that samples with `params` by shared noise: each of
-    its calls' logits become `perturbed_scores` before the step's update. Everything else is the program's. The
-    noise comes from the native module with the native epilogue (csrc/noise.h), from torch ops otherwise."""
+    """A greedy program (schedule, epilogue, state without Q) whose requests sample, each with its own settings (the
+    state's `sampling`), by shared noise: each of its calls' logits become `perturbed_scores` before the step's
+    update. Everything else is the program's. The noise comes from the native module with the native epilogue
+    (csrc/noise.h), from torch ops otherwise."""
 
-    def __init__(self, program, params: SamplingParams):
-        if not program.params.greedy:
+    def __init__(self, program):
+        if program.sampled:
             raise ValueError("shared-noise sampling runs a greedy program")
-        self.program, self.params = program, params
+        self.program = program
         self.race = noise_race if isinstance(program.epilogue, NativeEpilogue) else torch_race
         self.shapes = [[self.perturbed(step) for step in steps] for steps in program.shapes]
         self.steps = self.shapes[0]
@@ -96,7 +93,7 @@ class SharedNoise:
         return getattr(self.program, name)
 
     def scores(self, st, inp: ModelInput, logits: torch.Tensor) -> torch.Tensor:
-        return perturbed_scores(logits, inp, st.seed, st.prompt_len, self.params, self.race)
+        return perturbed_scores(logits, inp, st.seed, st.prompt_len, st.sampling, self.race)
 
     def perturbed(self, step: Step) -> Step:
         """The step with its logits perturbed; the rows' positions come from the input the step built for the

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..runtime.staging import pinned
+from .sampling import Sampling, SamplingParams
 
 
 class DeviceState:
@@ -75,8 +76,9 @@ class DecodeState(DeviceState):
     non-empty draft and appended the bonus token drawn after it, `accepted_at[k]` the verifications that
     accepted draft token k (runtime/program.py: Step.fold). `context` [C]: the prompt's last C tokens,
     right-aligned after -1s, that the lookup drafter searches with the output (C = 0 without it;
-    decode/lookup.py). `prompt_len`: the prompt's length (positions prompt_len + j hold output token j). The host reads nothing of it but the
-    runtime's poll.
+    decode/lookup.py). `prompt_len`: the prompt's length (positions prompt_len + j hold output token j).
+    `temperature`, `top_k`, `top_p`: the request's sampling (sampling.Sampling), so that requests of any settings
+    share a batch. The host reads nothing of it but the runtime's poll.
     """
     cache_len: torch.Tensor
     last: torch.Tensor
@@ -99,18 +101,27 @@ class DecodeState(DeviceState):
     accepted_at: torch.Tensor
     context: torch.Tensor
     prompt_len: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    @property
+    def sampling(self) -> Sampling:
+        """The requests' sampling settings [B] (sampling.Sampling)."""
+        return Sampling(self.temperature, self.top_k, self.top_p)
 
     @classmethod
     def new(cls, width: int, support: int, max_new: int, stop_ids, seed: int, device,
             out_len: int | None = None, stop_slots: int | None = None, stop_sequences=(),
             sequence_slots: tuple[int, int] | None = None, prompt_len: int = 0,
-            q_dtype: torch.dtype = torch.float64, context=(), context_len: int = 0) -> "DecodeState":
+            q_dtype: torch.dtype = torch.float64, context=(), context_len: int = 0,
+            params: SamplingParams = SamplingParams()) -> "DecodeState":
         """A fresh state for one request (a batch of one). `out_len`, `stop_slots` and `sequence_slots`
         (count, length) fix the output buffer length and the stop tables' shapes (padded with -1), so that
         states of different requests share shapes and stack into a batch (`DeviceState.cat`). `q_dtype`: the
         stored Q's, that of the probabilities the drafts are drawn from (float32 for a float32 or bfloat16
         model: stored exactly, in half the memory of float64). `context`: the prompt tokens the lookup drafter
-        searches, of which the last `context_len` are kept."""
+        searches, of which the last `context_len` are kept. `params`: the request's sampling."""
         def scalar(v, dtype=torch.int64):
             return torch.tensor([v], dtype=dtype, device=device)
 
@@ -140,7 +151,7 @@ class DecodeState(DeviceState):
             max_new=scalar(max_new), nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0),
             accepted_at=torch.zeros(1, width, dtype=torch.int64, device=device),
             context=row(torch.tensor([-1] * (context_len - len(kept)) + kept, dtype=torch.int64, device=device)),
-            prompt_len=scalar(prompt_len),
+            prompt_len=scalar(prompt_len), **params.rows(1, device)._asdict(),
         )
 
 

@@ -22,7 +22,7 @@ from .graphs import CapturedIteration
 from .program import Step
 
 # Every compiled step is the one lambda of Compiled.runner, so Dynamo counts all of a process's variants
-# against one code object: programs (sampling settings, widths) x steps x padded batch sizes.
+# against one code object: programs (greedy or sampled, widths) x steps x padded batch sizes.
 RECOMPILE_LIMIT = 64
 
 Call = Callable[[Step, object, object, object], None]     # Runtime.call(step, st, cache, clock)

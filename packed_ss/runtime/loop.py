@@ -11,7 +11,8 @@ delivers them (when streamed) and returning their GenerateResults; `Engine.gener
 `generate_batch` and `stream_batch` are all this loop. Requests of several callers with the same program
 (generators consumed in turn, threads) decode in one batch; steps run under the runtime's lock, released
 while a caller yields, and a caller closed early aborts its own requests only. Schedulers of different
-programs (other sampling settings) take turns, each batch with its own page table into the one pool.
+programs (greedy, sampled: a request's sampling settings are rows of its batch's state) take turns, each batch
+with its own page table into the one pool.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from .executor import Eager, Executor
 from .kv_pool import KVPool, KVUsage, pages_for, pool_pages
 from .program import ModelInput, Step
 from .admission import MAX_SLOTS
-from .request import GenerateResult, Request
+from .request import GenerateResult, Request, SamplingParams
 from .scheduler import Group, Scheduler
 from .staging import staged
 
@@ -108,10 +109,11 @@ class Runtime:
         return self.executor.runner(self.call, step, st, cache, clock)
 
     @torch.inference_mode()
-    def shape_costs(self, program, batch_sizes: tuple[int, ...], cached: int = CACHE_QUANTUM) -> list[tuple]:
+    def shape_costs(self, program, batch_sizes: tuple[int, ...], params: SamplingParams | None = None,
+                    cached: int = CACHE_QUANTUM) -> list[tuple]:
         """ms of one eager iteration in each of a program's call shapes (`shapes`: an adaptive program's), its
-        inputs, model call and whole update, at each of `batch_sizes`, over `cached` cached tokens with a full
-        draft: the fastest of COST_REPS after three warm-ups, each from the same state, the shapes taking turns.
+        inputs, model call and whole update, at each of `batch_sizes`, requests sampling with `params` (default:
+        greedy), over `cached` cached tokens with a full draft: the fastest of COST_REPS after three warm-ups, each from the same state, the shapes taking turns.
         For the cost model an adaptive program bets with (decode/policy.py), measured once when it is built."""
         sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
         period = min(64, self.model.cfg.vocab_size - 2)   # tokens of the model's vocabulary, repeating
@@ -119,7 +121,7 @@ class Runtime:
         priced = program.shapes[:len(program.policy.shapes)]     # the shapes its policy bets between (not QUIET)
         costs = [[] for _ in priced]
         for batch in batch_sizes:
-            one = program.new_state(Request(prompt, 8, 0, [], []))
+            one = program.new_state(Request(prompt, 8, 0, [], [], params or SamplingParams()))
             start = type(one).cat([one] * batch)
             start.cache_len.fill_(cached)
             start.draft_len.fill_(program.width)

@@ -2,6 +2,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """A request's sampling: temperature 0 means greedy; top_k / top_p None means no truncation."""
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def rows(self, batch: int = 1, device="cpu") -> "Sampling":
+        """These settings for every row of a batch of `batch` requests."""
+        def full(value, dtype):
+            return torch.full((batch,), value, dtype=dtype, device=device)
+        return Sampling(full(self.temperature, torch.float64), full(self.top_k or 0, torch.int64),
+                        full(1.0 if self.top_p is None else self.top_p, torch.float64))
+
+
+class Sampling(NamedTuple):
+    """Sampling settings per request of a batch, as device tensors [B] (the batch state's, DecodeState):
+    temperature (0: greedy), top_k (0: none), top_p (1: none). Requests with any mix of settings share a batch."""
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -11,6 +41,7 @@ class Request:
     seed: int
     stop_ids: list[int]                      # one-token stops (EOS included)
     stop_sequences: list[tuple[int, ...]]    # stops of several tokens, matched once all are emitted
+    params: SamplingParams = SamplingParams()   # its sampling: requests of any settings share a batch
 
 
 @dataclass

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..sampling import Sampling, SamplingParams
 from ..state import DeviceState
 
 ORDERS = ("ltr", "confidence")
@@ -69,11 +70,19 @@ class AnyOrderState(DeviceState):
     n_iter: torch.Tensor
     trace_order: torch.Tensor   # [T, W] pi_t per iteration (-1 padded)
     trace_stats: torch.Tensor   # [T, 5] the TRACE columns per iteration
+    temperature: torch.Tensor   # the request's sampling (sampling.Sampling)
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_k, self.top_p)
 
     @classmethod
     def new(cls, width: int, support: int, prompt_len: int, max_new: int, seed: int,
             stops: list[tuple[int, ...]], device, out_len: int | None = None,
-            stop_shape: tuple[int, int] | None = None, q_dtype: torch.dtype = torch.float64) -> AnyOrderState:
+            stop_shape: tuple[int, int] | None = None, q_dtype: torch.dtype = torch.float64,
+            params: SamplingParams = SamplingParams()) -> AnyOrderState:
         """A fresh state, a batch of one (the steps see its `request()`). `out_len` and `stop_shape` (rows,
         length) fix the buffer shapes so that states of different requests share them; the trace has one row
         per possible iteration (each resolves at least one position)."""
@@ -100,6 +109,7 @@ class AnyOrderState(DeviceState):
             nfe=scalar(0), n_verify=scalar(0), n_accepted=scalar(0), n_bonus=scalar(0),
             accepted_at=full((width,), 0), n_iter=scalar(0),
             trace_order=full((out_len, width), -1), trace_stats=full((out_len, len(TRACE)), 0),
+            **{name: t[0] for name, t in params.rows(1, device)._asdict().items()},
         )
         return cls(**{name: t[None] for name, t in one.tensors().items()})   # a batch of one
 

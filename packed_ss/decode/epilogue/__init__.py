@@ -12,8 +12,8 @@ from .reference import TorchEpilogue
 EPILOGUES = {"torch": TorchEpilogue, "native": NativeEpilogue}
 
 
-def make_epilogue(kind: str, device, width: int, params) -> Epilogue:
-    return EPILOGUES[kind](device, width, params)
+def make_epilogue(kind: str, device, width: int, sampled: bool) -> Epilogue:
+    return EPILOGUES[kind](device, width, sampled)
 
 
 __all__ = ["EPILOGUES", "Epilogue", "NativeEpilogue", "Rows", "TorchEpilogue", "check_build", "main",

@@ -6,9 +6,9 @@ calls and bit-identical results: `TorchEpilogue` (plain torch, the reference; it
 torch.compile) and `NativeEpilogue` (csrc/, one call per step). A schedule holds one of them and has a
 single update path.
 
-What an epilogue consumes: the model's logits, processed by `rows(logits)` into the argmax of each row
-(greedy) or the truncated distribution of each row (sampled: `truncated_probs`, sparse idx/prob sorted
-by decreasing probability, or dense with idx None when nothing truncates).
+What an epilogue consumes: the model's logits, processed by `rows(logits, sampling)` into the argmax of each row
+(greedy) or the truncated distribution of each row (sampled: `truncated_probs` with each request's settings, dense:
+idx None). It also takes sparse distributions (idx/prob sorted by decreasing probability, a support of K tokens).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..sampling import SamplingParams, truncated_probs
+from ..sampling import Sampling, truncated_probs
 from ..state import DecodeState, stop_at_sequences
 
 
@@ -63,7 +63,8 @@ class Verified(NamedTuple):
 
 
 class Epilogue:
-    """One schedule's epilogue: its device, width and sampling parameters.
+    """One schedule's epilogue: its device, width and whether its requests sample (each request's settings are
+    its batch state's, `DecodeState.sampling`).
 
     `step` runs a whole epilogue: verify the stored draft against `verify` (up to B rows per request: a draft
     verifies within them, at most R - 1 of its tokens, so a call verifying short drafts passes only the rows
@@ -73,21 +74,17 @@ class Epilogue:
     uniforms from (seed, offset) once and advances the offset on the device.
     """
 
-    def __init__(self, device, width: int, params: SamplingParams):
+    def __init__(self, device, width: int, sampled: bool):
         self.device = torch.device(device)
-        self.width, self.block, self.params = width, width + 1, params
-        # Untruncated sampling: the distribution is dense (idx = token id) and no index arrays are kept.
-        self.dense = not params.greedy and params.top_k is None and params.top_p is None
+        self.width, self.block, self.sampled = width, width + 1, sampled
 
-    def rows(self, logits: torch.Tensor) -> Rows:
-        """Argmax (greedy) or truncated distribution (sampled) of every row of logits [B, R, V]."""
+    def rows(self, logits: torch.Tensor, sampling: Sampling) -> Rows:
+        """Argmax (greedy) or truncated distribution (sampled: dense, each request's `sampling` [B]) of every row of
+        logits [B, R, V]."""
         vocab = logits.shape[-1]
-        if self.params.greedy:
+        if not self.sampled:
             return Rows(arg=logits.argmax(-1), vocab=vocab)
-        idx, prob = truncated_probs(logits, self.params)
-        if self.dense and idx.shape[-1] != vocab:   # its contract: untruncated means idx = token id
-            raise RuntimeError("truncated_probs no longer returns the dense distribution for untruncated sampling")
-        return Rows(idx=None if self.dense else idx.contiguous(), prob=prob.contiguous(), vocab=vocab)
+        return Rows(prob=truncated_probs(logits, sampling).contiguous(), vocab=vocab)
 
     def step(self, st: DecodeState, *, verify: Rows | None = None, token: Rows | None = None,
              propose: Rows | None = None, retain: str | int | None = None) -> None:

@@ -12,7 +12,6 @@ from dataclasses import fields
 
 import torch
 
-from ..sampling import SamplingParams
 from ..state import DecodeState
 from .base import Epilogue, Rows, Verified
 from .extension import native_module, native_unavailable_reason
@@ -54,11 +53,11 @@ class NativeEpilogue(Epilogue):
 
     _BOUND_MAX = 8      # state handles kept (a state object each, holding it keeps its addresses valid)
 
-    def __init__(self, device, width: int, params: SamplingParams):
+    def __init__(self, device, width: int, sampled: bool):
         reason = native_unavailable_reason(device)
         if reason is not None:
             raise RuntimeError(reason)
-        super().__init__(device, width, params)
+        super().__init__(device, width, sampled)
         if self.device.type == "cuda" and self.device.index is None:   # tensors report cuda:N
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.mod = native_module()
@@ -108,7 +107,7 @@ class NativeEpilogue(Epilogue):
                 raise ValueError(f"DecodeState.{name} is on {value.device}, the epilogue on {self.device}")
             if not value.is_contiguous():
                 raise ValueError(f"DecodeState.{name} must be contiguous")
-            want = torch.bool if name == "done" else torch.int64
+            want = {"done": torch.bool, "temperature": torch.float64, "top_p": torch.float64}.get(name, torch.int64)
             if name == "q_prob":
                 if value.dtype not in (torch.float32, torch.float64):
                     raise ValueError(f"DecodeState.q_prob must be float32 or float64, got {value.dtype}")
@@ -160,8 +159,6 @@ class NativeEpilogue(Epilogue):
             raise ValueError(f"{what} probabilities must be float32 or float64")
         if rows.idx is not None and (rows.idx.dtype != torch.int64 or rows.idx.shape != rows.prob.shape):
             raise ValueError(f"{what} rows must be int64 idx and prob of one shape")
-        if rows.arg is None and (rows.idx is None) != self.dense:
-            raise ValueError(f"{what} rows: dense and sparse distributions cannot mix")
         n_rows = tensors[0].shape[1]
         if n_rows < need:
             raise ValueError(f"{what}: {need} rows needed per request, got {n_rows}")
@@ -179,7 +176,7 @@ class NativeEpilogue(Epilogue):
         compiling = torch.compiler.is_compiling()
         handle = None if compiling else self._state(st)   # checks the state (a compiled one: the engine's)
         batch = st.done.shape[0]
-        greedy = self.params.greedy
+        greedy = not self.sampled
         v_rows, v_k, v_stride = self._check(v, "verifier", batch, 1 if v is not None else 0)
         n_z, z_k, z_stride = self._check(z, "proposal", batch, 1 if retain is not None else 0)
         if retain is None:
@@ -189,6 +186,9 @@ class NativeEpilogue(Epilogue):
         else:
             retain_code = int(retain)
         prob = v.prob if v is not None and v.prob is not None else (z.prob if z is not None else None)
+        dense = not greedy and all(r.idx is None for r in (v, z) if r is not None and r.prob is not None)
+        if not greedy and not dense and any(r.idx is None for r in (v, z) if r is not None and r.prob is not None):
+            raise ValueError("verifier and proposal rows: dense and sparse distributions cannot mix")
         bits = 64 if prob is not None and prob.dtype == torch.float64 else 32
         if v is not None and z is not None and v.prob is not None and v.prob.dtype != z.prob.dtype:
             raise ValueError("verifier and proposal probabilities must share a dtype")
@@ -211,12 +211,12 @@ class NativeEpilogue(Epilogue):
                                                                     device=self.device)
             tensors = st.tensors()
             epilogue_step(*(tensors[name] for name in STATE), v.arg, v.idx, v.prob, z.arg, z.idx, z.prob, scratch,
-                          res, residual, [bits, phase, kind, retain_code, int(not greedy), int(self.dense),
+                          res, residual, [bits, phase, kind, retain_code, int(not greedy), int(dense),
                                           self.block, vocab, v_rows, v_k, v_stride, z_k, z_stride, n_z])
             return res
         res = verified if verified is not None else self._use_res(batch)
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.cuda else 0
-        self._native_step(handle, bits, phase, kind, retain_code, not greedy, self.dense, self.block, vocab,
+        self._native_step(handle, bits, phase, kind, retain_code, not greedy, dense, self.block, vocab,
                           _ptr(v.arg), _ptr(v.idx), _ptr(v.prob), v_rows, v_k, v_stride,
                           _ptr(z.arg), _ptr(z.idx), _ptr(z.prob), z_k, z_stride, n_z,
                           _ptr(scratch), res.data_ptr(), _ptr(residual), stream)

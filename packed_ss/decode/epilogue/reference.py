@@ -18,15 +18,15 @@ from .base import Epilogue, Rows, Verified
 class TorchEpilogue(Epilogue):
     """The whole batch in each call, with batched tensor ops: the op count does not grow with the batch."""
 
-    def __init__(self, device, width: int, params):
-        super().__init__(device, width, params)
+    def __init__(self, device, width: int, sampled: bool):
+        super().__init__(device, width, sampled)
         self.n_uniform = 2 * self.block + 1      # [0, W]: acceptance + correction, [B, 2B]: drafts
         self.one = torch.ones(1, dtype=torch.int64, device=self.device)
         self.zero = torch.zeros(1, dtype=torch.int64, device=self.device)
 
     def _uniforms(self, st: DecodeState) -> torch.Tensor | None:
         """This call's uniforms [B, n] (None when greedy); the offsets advance once per call, on the device."""
-        if self.params.greedy:
+        if not self.sampled:
             return None
         u = philox_uniform(st.seed, st.offset, self.n_uniform)
         st.offset.add_(1)

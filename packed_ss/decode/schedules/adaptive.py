@@ -17,7 +17,7 @@ QUIET, the last): the AR call, an empty draft verified, and nothing else.
 """
 import torch
 
-from ..lookup import lookup_draft, point_mass
+from ..lookup import lookup_draft
 from ..policy import AR, Policy, Shape
 from .base import Schedule, Step, layout
 
@@ -26,10 +26,10 @@ class Adaptive(Schedule):
     name = "adaptive"
     proposes = False      # the prefill drafts by lookup alone; the packed shapes propose in their calls
 
-    def __init__(self, model, width, params, epilogue, draft_source="both", policy: Policy | None = None):
+    def __init__(self, model, width, sampled, epilogue, draft_source="both", policy: Policy | None = None):
         if policy is None or policy.width != width:
             raise ValueError(f"the adaptive schedule needs a Policy of width {width}")
-        super().__init__(model, width, params, epilogue, draft_source)
+        super().__init__(model, width, sampled, epilogue, draft_source)
         self.policy = policy
         self._shapes = [[Step(self._inputs(shape), self._update(i, shape))] for i, shape in enumerate(policy.shapes)]
         self._shapes.append([Step(self._inputs(AR), self._quiet)])          # index QUIET: the lean AR step
@@ -41,12 +41,11 @@ class Adaptive(Schedule):
         return self._shapes
 
     def new_state(self, request, **shape):
-        """DecodeState with the policy's fields; when sampling untruncated, the stored Q is dense (idx = token, which
-        retaining proposals keeps): its token ids are written once, so that a lookup draft's point mass is a write
-        of its probabilities alone. Under top-k / top-p a retained proposal writes its own sorted ids, even where
-        the support is the whole vocabulary, so every point mass writes its ids."""
+        """DecodeState with the policy's fields; when sampling, the stored Q is dense (idx = token, which retaining
+        proposals keeps): its token ids are written once, so that a lookup draft's point mass is a write of its
+        probabilities alone."""
         st = self.policy.new_state(super().new_state(request, **shape))
-        if not self.params.greedy and self.epilogue.dense:
+        if self.sampled:
             st.q_idx.copy_(torch.arange(st.q_idx.shape[2], device=st.q_idx.device).expand_as(st.q_idx))
         return st
 
@@ -70,7 +69,7 @@ class Adaptive(Schedule):
         w, m = shape.width, shape.masks
 
         def update(st, logits):
-            rows = self.epilogue.rows(logits)
+            rows = self.epilogue.rows(logits, st.sampling)
             c = self.policy.constants(st.done.device)
             passive = st.passive
             ran = torch.where(passive, 0, st.choice if self.policy.per_request else index)
@@ -91,18 +90,13 @@ class Adaptive(Schedule):
         """The lean AR step, run when the host knows every live request is quiet in it (Policy.next_call): each
         verifies an empty draft (one that went quiet holding a draft drops it), and nothing else runs."""
         st.draft_len.zero_()
-        self.epilogue.step(st, verify=self.epilogue.rows(logits))
+        self.epilogue.step(st, verify=self.epilogue.rows(logits, st.sampling))
 
     def _point_mass(self, st, draft: torch.Tensor, rows: torch.Tensor) -> None:
-        """A lookup draft's stored Q, in place in the `rows` [B] that take one: all mass on each draft token (in
-        the dense layout, idx = token, written once by new_state; else the layout of lookup.point_mass, written
-        here: idx = token ids when the support is the vocabulary, else d, d + 1, ...)."""
-        support, vocab = st.q_idx.shape[2], self.model.cfg.vocab_size
-        if not self.epilogue.dense:
-            idx, _ = point_mass(draft, support, vocab)
-            st.q_idx.copy_(torch.where(rows[:, None, None], idx, st.q_idx))
+        """A lookup draft's stored Q, in place in the `rows` [B] that take one: all mass on each draft token (the
+        dense layout, idx = token, written once by new_state)."""
         st.q_prob.masked_fill_(rows[:, None, None], 0.0)
-        at = draft.clamp(min=0)[:, :, None] if support == vocab else torch.zeros_like(draft)[:, :, None]
+        at = draft.clamp(min=0)[:, :, None]
         st.q_prob.scatter_(2, at, torch.where(rows[:, None, None], 1.0, st.q_prob.gather(2, at)))
 
     # -- after every step ----------------------------------------------------------------------------------------
@@ -122,7 +116,7 @@ class Adaptive(Schedule):
         st.assign(~st.done, draft=torch.where(lookup[:, None], draft, st.draft),
                   draft_len=torch.where(lookup, length, torch.where(keep & ~passive, st.draft_len, 0)),
                   lookup_draft=lookup)
-        if not self.params.greedy and self.looks_up:
+        if self.sampled and self.looks_up:
             self._point_mass(st, draft, lookup & ~st.done)
         if self.looks_up:
             self.policy.score_lookup(st, draft, length, found, passive)

@@ -9,8 +9,8 @@ class AR(Schedule):
     proposes = False
     draft_sources = ()
 
-    def __init__(self, model, width, params, epilogue, draft_source=None):
-        super().__init__(model, width, params, epilogue, draft_source)
+    def __init__(self, model, width, sampled, epilogue, draft_source=None):
+        super().__init__(model, width, sampled, epilogue, draft_source)
         self.layout = layout(self.device, 1)
         self.zero = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.steps = [Step(self.inputs, self.update)]
@@ -19,4 +19,4 @@ class AR(Schedule):
         return self.input_at(st, st.last[:, None], self.zero, self.layout)
 
     def update(self, st, logits):
-        self.epilogue.step(st, token=self.epilogue.rows(logits))
+        self.epilogue.step(st, token=self.epilogue.rows(logits, st.sampling))

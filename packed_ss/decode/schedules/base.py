@@ -9,7 +9,6 @@ from ...runtime.program import Program
 from ...runtime.staging import staged
 from ..epilogue import Epilogue
 from ..lookup import CONTEXT, lookup_draft, point_mass
-from ..sampling import SamplingParams
 from ..state import DecodeState, q_dtype
 
 DRAFT_SOURCES = ("diffusion", "lookup", "both")
@@ -31,7 +30,8 @@ class Schedule(Program):
     Subclasses set `name`, `proposes` (whether its calls draft by diffusion, the prefill's W+1 positions too) and
     `steps`; each step builds one input [B, R] for the whole batch and ends in one call of the epilogue on its
     logits [B, R, V] (torch or native: the same calls, the same tokens), then, if it chose the next draft,
-    in `redraft`. `draft_source`: where drafts come from, "diffusion" (the model's mask rows), "lookup"
+    in `redraft`. `sampled`: whether its requests sample, each with its own settings (the batch state's
+    `sampling`), or decode greedily. `draft_source`: where drafts come from, "diffusion" (the model's mask rows), "lookup"
     (n-gram matches in the prompt and output, decode/lookup.py: no draft without a match) or "both" (the
     lookup draft where there is a match, the diffusion proposal elsewhere); None for AR, which does not draft.
     """
@@ -41,9 +41,8 @@ class Schedule(Program):
     # where lookup drafts are rarely accepted, costs about 7% at the same width.
     draft_sources = ("both", "diffusion", "lookup")
 
-    def __init__(self, model, width: int, params: SamplingParams, epilogue: Epilogue,
-                 draft_source: str | None = "diffusion"):
-        self.model, self.width, self.params, self.epilogue = model, width, params, epilogue
+    def __init__(self, model, width: int, sampled: bool, epilogue: Epilogue, draft_source: str | None = "diffusion"):
+        self.model, self.width, self.sampled, self.epilogue = model, width, sampled, epilogue
         self.draft_source = draft_source
         self.looks_up = draft_source in ("lookup", "both")
         self.block = width + 1                 # the most tokens one iteration emits
@@ -71,11 +70,11 @@ class Schedule(Program):
         One-token stop sequences join the stop ids; longer ones are matched after emit (stop_at_sequences)."""
         stop_ids = set(request.stop_ids) | {s[0] for s in request.stop_sequences if len(s) == 1}
         sequences = [s for s in request.stop_sequences if len(s) > 1]
-        support = 1 if self.params.greedy else self.params.support(self.model.cfg.vocab_size)
+        support = self.model.cfg.vocab_size if self.sampled else 1
         return DecodeState.new(self.width, support, request.max_new_tokens, stop_ids, request.seed,
                                device or self.device, out_len, stop_slots, sequences, sequence_slots,
                                len(request.prompt), q_dtype(self.model), request.prompt if self.looks_up else (),
-                               CONTEXT if self.looks_up else 0)
+                               CONTEXT if self.looks_up else 0, request.params)
 
     def redraft(self, st: DecodeState) -> None:
         """After a step that chose the next draft: the lookup continuation of the verified sequence replaces it
@@ -86,8 +85,8 @@ class Schedule(Program):
         otherwise = st.draft_len if self.draft_source == "both" else torch.zeros_like(st.draft_len)
         values = {"draft": torch.where(found[:, None], draft, st.draft),
                   "draft_len": torch.where(found, length, otherwise)}
-        if not self.params.greedy:
-            idx, mass = point_mass(draft, st.q_idx.shape[2], self.model.cfg.vocab_size)
+        if self.sampled:
+            idx, mass = point_mass(draft, self.model.cfg.vocab_size)
             values.update(q_idx=torch.where(found[:, None, None], idx, st.q_idx),
                           q_prob=torch.where(found[:, None, None], mass.to(st.q_prob.dtype), st.q_prob))
         st.assign(~st.done, **values)
@@ -118,7 +117,7 @@ class Schedule(Program):
 
         def update(st: DecodeState, logits: torch.Tensor) -> None:
             st.cache_len.copy_(ends)          # the last prompt row plays the role of `last` when emitting
-            ours = self.epilogue.rows(logits.gather(1, rows[:, :, None].expand(-1, -1, logits.shape[2])))
+            ours = self.epilogue.rows(logits.gather(1, rows[:, :, None].expand(-1, -1, logits.shape[2])), st.sampling)
             self.epilogue.step(st, token=ours[:1], propose=ours[1:] if n_masks else None,
                                retain="a" if n_masks else None)
             self.redraft(st)

@@ -13,8 +13,8 @@ class Linear(Schedule):
     name = "linear"
     replay = "fresh"
 
-    def __init__(self, model, width, params, epilogue, draft_source="diffusion"):
-        super().__init__(model, width, params, epilogue, draft_source)
+    def __init__(self, model, width, sampled, epilogue, draft_source="diffusion"):
+        super().__init__(model, width, sampled, epilogue, draft_source)
         b = self.block
         self.offsets = torch.arange(b, device=self.device)
         self.verify_layout = layout(self.device, b)
@@ -27,7 +27,7 @@ class Linear(Schedule):
         return self.input_at(st, tokens, self.offsets, self.draft_layout)
 
     def draft_update(self, st, logits):
-        self.epilogue.step(st, propose=self.epilogue.rows(logits[:, 1:]), retain=0)
+        self.epilogue.step(st, propose=self.epilogue.rows(logits[:, 1:], st.sampling), retain=0)
         self.redraft(st)
 
     def verify_inputs(self, st):
@@ -35,4 +35,4 @@ class Linear(Schedule):
         return self.input_at(st, tokens, self.offsets, self.verify_layout)
 
     def verify_update(self, st, logits):
-        self.epilogue.step(st, verify=self.epilogue.rows(logits))
+        self.epilogue.step(st, verify=self.epilogue.rows(logits, st.sampling))

@@ -16,8 +16,8 @@ class Lookup(Schedule):
     draft_sources = ("lookup",)
     replay = "lookup"
 
-    def __init__(self, model, width, params, epilogue, draft_source="lookup"):
-        super().__init__(model, width, params, epilogue, draft_source)
+    def __init__(self, model, width, sampled, epilogue, draft_source="lookup"):
+        super().__init__(model, width, sampled, epilogue, draft_source)
         self.offsets = torch.arange(self.block, device=self.device)
         self.layout = layout(self.device, self.block)
         self.steps = [Step(self.inputs, self.update)]
@@ -26,5 +26,5 @@ class Lookup(Schedule):
         return self.input_at(st, torch.cat([st.last[:, None], st.draft], 1), self.offsets, self.layout)
 
     def update(self, st, logits):
-        self.epilogue.step(st, verify=self.epilogue.rows(logits))
+        self.epilogue.step(st, verify=self.epilogue.rows(logits, st.sampling))
         self.redraft(st)

@@ -14,8 +14,8 @@ class Packed(Schedule):
     name = "packed"
     replay = "lagged"
 
-    def __init__(self, model, width, params, epilogue, draft_source="diffusion"):
-        super().__init__(model, width, params, epilogue, draft_source)
+    def __init__(self, model, width, sampled, epilogue, draft_source="diffusion"):
+        super().__init__(model, width, sampled, epilogue, draft_source)
         b = self.block
         self.offsets = torch.arange(b, device=self.device).repeat(2)
         self.slots = torch.arange(width, device=self.device)
@@ -30,7 +30,7 @@ class Packed(Schedule):
 
     def update(self, st, logits):
         b = self.block
-        rows = self.epilogue.rows(logits)               # per request of the batch
+        rows = self.epilogue.rows(logits, st.sampling)               # per request of the batch
         self.epilogue.step(st, verify=rows[:b],         # lines 3, 5-11: verify D_{t-1}, emit, commit
                            propose=rows[b + 1:],        # line 4: z^(1..W) | P_{t-1}
                            retain="a")                  # lines 12-13: next draft z^(a+1..W)

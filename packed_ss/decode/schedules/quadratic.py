@@ -14,8 +14,8 @@ class Quadratic(Schedule):
     name = "quadratic"
     replay = "fresh"
 
-    def __init__(self, model, width, params, epilogue, draft_source="diffusion"):
-        super().__init__(model, width, params, epilogue, draft_source)
+    def __init__(self, model, width, sampled, epilogue, draft_source="diffusion"):
+        super().__init__(model, width, sampled, epilogue, draft_source)
         b = self.block
         branch_of = [i for i in range(b) for _ in range(b)]
         self.offsets = torch.tensor(list(range(b)) + [i + 1 + j for i in range(b) for j in range(b)],
@@ -32,8 +32,8 @@ class Quadratic(Schedule):
     def update(self, st, logits):
         """Verify, pick each request's branch A - 1 on the device, then emit and keep that branch's proposals."""
         b = self.block
-        verified = self.epilogue.verify(st, self.epilogue.rows(logits[:, :b]))
+        verified = self.epilogue.verify(st, self.epilogue.rows(logits[:, :b], st.sampling))
         rows = self.branch_rows + (verified.n_accept[:, None] - 1) * b
         branch = logits.gather(1, rows[:, :, None].expand(-1, -1, logits.shape[2]))
-        self.epilogue.commit(st, verified, propose=self.epilogue.rows(branch), retain=1)
+        self.epilogue.commit(st, verified, propose=self.epilogue.rows(branch, st.sampling), retain=1)
         self.redraft(st)

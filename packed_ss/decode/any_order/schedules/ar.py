@@ -1,7 +1,7 @@
 """Left-to-right decoding: [N | a mask at the leftmost unresolved position] (2 rows), greedy or sampled.
 Live rows: p + 1."""
 from ....runtime import Step
-from ...sampling import sample_sparse, truncated_probs
+from ...sampling import inverse_cdf, truncated_probs
 from ..call import Call
 from ..rules import commit, pending, window_size
 from .base import AnyOrderSchedule
@@ -11,8 +11,8 @@ class AR(AnyOrderSchedule):
     name = "ar"
     verifies = False
 
-    def __init__(self, model, width, params, epilogue, order="ltr", n_pending=None):
-        super().__init__(model, 1, params, epilogue, "ltr", n_pending)   # a window of one position
+    def __init__(self, model, width, sampled, epilogue, order="ltr", n_pending=None):
+        super().__init__(model, 1, sampled, epilogue, "ltr", n_pending)   # a window of one position
 
     def build(self):
         self.call = Call(self.device, self.mask_id, self.n_pending, 0, 1)
@@ -24,6 +24,6 @@ class AR(AnyOrderSchedule):
     def update(self, st, logits):
         active, p, u = self.active(st), pending(st), window_size(st)
         rand, row = self.uniforms(st, active), logits[-1]
-        token = row.argmax() if rand is None else sample_sparse(*truncated_probs(row, self.params), rand[0])
+        token = row.argmax() if rand is None else inverse_cdf(truncated_probs(row, st.sampling), rand[0])
         commit(st, active, st.rank_pos, token[None], self.ranks >= 0, n_cached=st.n_acc)
         self.close(st, active, u, u, 0 * u, p, rows=p + 1)

@@ -9,7 +9,7 @@ from ....runtime import ModelInput, Request, Step
 from ....runtime.program import Program
 from ....runtime.staging import staged
 from ...epilogue import Epilogue
-from ...sampling import SamplingParams, philox_uniform, sample_sparse, truncated_probs
+from ...sampling import inverse_cdf, philox_uniform, truncated_probs
 from ...state import DecodeState, q_dtype
 from ..rules import commit, drafts, hold_if_crowded, pending, plan, record, window_size
 from ..state import AnyOrderState
@@ -46,13 +46,13 @@ class AnyOrderSchedule(Program):
     max_batch = 1     # requests in a batch: a call's layout follows its request's own window
     cache_in_order = False   # the cache holds accepted tokens in acceptance order, not output order
 
-    def __init__(self, model, width: int, params: SamplingParams, epilogue: Epilogue, order: str = "ltr",
+    def __init__(self, model, width: int, sampled: bool, epilogue: Epilogue, order: str = "ltr",
                  n_pending: int | None = None):
-        self.model, self.width, self.params, self.epilogue, self.order = model, width, params, epilogue, order
+        self.model, self.width, self.sampled, self.epilogue, self.order = model, width, sampled, epilogue, order
         self.n_pending = n_pending or self.pending_slots()
         self.device, self.mask_id = model.device, model.cfg.mask_token_id
         # the epilogue verifies a DecodeState: this one holds D_{t-1} in rank order, its Q and the RNG key
-        support = 1 if params.greedy else params.support(model.cfg.vocab_size)
+        support = model.cfg.vocab_size if sampled else 1
         self.ranked = DecodeState.new(width, support, 1, [], 0, self.device, q_dtype=q_dtype(model))
         self.block = width + 1   # an iteration resolves positions of a window that starts at n_out
         self.ranks = torch.arange(width, device=self.device)
@@ -68,12 +68,12 @@ class AnyOrderSchedule(Program):
     def new_state(self, request: Request, out_len: int | None = None, stop_slots: int | None = None,
                   sequence_slots: tuple[int, int] | None = None, device=None) -> AnyOrderState:
         """A request's fresh state (on `device`, default the model's). Stop ids are stop sequences of length 1: one table of stop_slots + sequence_slots[0] rows."""
-        support = 1 if self.params.greedy else self.params.support(self.model.cfg.vocab_size)
+        support = self.model.cfg.vocab_size if self.sampled else 1
         stops = [(t,) for t in request.stop_ids] + [tuple(s) for s in request.stop_sequences]
         n_seq, seq_len = sequence_slots or (0, 1)
         return AnyOrderState.new(self.width, support, len(request.prompt), request.max_new_tokens, request.seed,
                                  stops, device or self.device, out_len, ((stop_slots or 0) + n_seq, seq_len),
-                                 q_dtype(self.model))
+                                 q_dtype(self.model), request.params)
 
     def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:
         """The prompt as causal anchors at positions 0..n0-1 (one counted call), then the first window. One
@@ -96,7 +96,7 @@ class AnyOrderSchedule(Program):
         """While held: run the next iteration with every pending row in its N region (host reads allowed)."""
         one = st.request()
         while bool(one.hold) and not bool(one.done):
-            wide = type(self)(self.model, self.width, self.params, self.epilogue, self.order,
+            wide = type(self)(self.model, self.width, self.sampled, self.epilogue, self.order,
                               n_pending=int(pending(one)))
             one.hold.fill_(False)
             for step in wide.steps:
@@ -113,7 +113,7 @@ class AnyOrderSchedule(Program):
     def uniforms(self, st: AnyOrderState, active) -> torch.Tensor | None:
         """This call's uniforms (None when greedy); the offset advances once per call, on the device. The
         epilogue's verification draws the same ones from the key it is handed here."""
-        if self.params.greedy:
+        if not self.sampled:
             return None
         self.ranked.seed.copy_(st.seed)
         self.ranked.offset.copy_(st.offset)
@@ -126,15 +126,16 @@ class AnyOrderSchedule(Program):
         tok = drafts(st)[0]
         return torch.where(tok >= 0, tok, self.mask_id)
 
-    def propose(self, logits: torch.Tensor, u: torch.Tensor | None):
-        """Drafts from mask rows in rank order (line 8): (tokens, scores, sparse Q or None, None); a score is
-        the probability the proposal gave its own token."""
+    def propose(self, st: AnyOrderState, logits: torch.Tensor, u: torch.Tensor | None):
+        """Drafts from mask rows in rank order (line 8): (tokens, scores, Q (idx, prob: dense) or None, None); a
+        score is the probability the proposal gave its own token."""
         if u is None:
             z = logits.argmax(-1)
             return z, confidence(logits, z), None, None
-        idx, prob = truncated_probs(logits, self.params)
-        z = sample_sparse(idx, prob, u[self.width + 1: 2 * self.width + 1])
-        return z, (prob * (idx == z[:, None])).sum(-1), idx, prob
+        prob = truncated_probs(logits, st.sampling)
+        z = inverse_cdf(prob, u[self.width + 1: 2 * self.width + 1])
+        idx = torch.arange(prob.shape[-1], device=prob.device).expand(prob.shape)
+        return z, prob.gather(-1, z[:, None])[:, 0], idx, prob
 
     def verify(self, st: AnyOrderState, logits: torch.Tensor):
         """(token at each rank, h_t, kappa_t) from the verifier rows M in rank order (lines 6-7, 9), by the
@@ -147,10 +148,10 @@ class AnyOrderSchedule(Program):
         tok, kappa, q_idx, q_prob = drafts(st)
         self.ranked.draft.copy_(torch.where(tok >= 0, tok, 0))
         self.ranked.draft_len.copy_(kappa)
-        if not self.params.greedy:
+        if self.sampled:
             self.ranked.q_idx.copy_(q_idx)
             self.ranked.q_prob.copy_(q_prob)
-        rows = self.epilogue.rows(torch.cat([logits, logits[-1:]])[None])
+        rows = self.epilogue.rows(torch.cat([logits, logits[-1:]])[None], st.sampling)
         verified = self.epilogue.verify(self.ranked, rows, residual=window_size(st)[None])
         return verified.emitted[0, :self.width], verified.n_accept[0] - 1, kappa
 

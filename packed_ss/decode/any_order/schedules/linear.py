@@ -28,7 +28,7 @@ class Linear(AnyOrderSchedule):
 
     def draft_update(self, st, logits):
         active = self.active(st)
-        set_draft(st, active, *self.propose(logits[self.draft_call.n_anchor:], self.uniforms(st, active)))
+        set_draft(st, active, *self.propose(st, logits[self.draft_call.n_anchor:], self.uniforms(st, active)))
         st.assign(active, nfe=st.nfe + 1)
 
     def verify_inputs(self, st):

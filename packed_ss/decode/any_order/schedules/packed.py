@@ -29,7 +29,7 @@ class Packed(AnyOrderSchedule):
         active, p, u = self.active(st), pending(st), window_size(st)
         rand, m = self.uniforms(st, active), self.call.n_anchor
         verified, h, kappa = self.verify(st, logits[m: m + self.width])   # lines 6-7, 9
-        proposal = self.propose(logits[m + self.width:], rand)            # line 8
+        proposal = self.propose(st, logits[m + self.width:], rand)            # line 8
         a = self.accept(st, active, verified, h, kappa)                   # lines 10-13
         set_draft(st, active, *proposal)                                  # lines 14-15
         self.close(st, active, u, a, h, p, rows=p + 3 * u)

@@ -34,5 +34,5 @@ class Quadratic(AnyOrderSchedule):
         verified, h, kappa = self.verify(st, logits[m: m + w])
         a = self.accept(st, active, verified, h, kappa)
         branch = logits.index_select(0, m + w + (a - 1).clamp(min=0) * w + self.ranks)
-        set_draft(st, active, *self.propose(branch, rand))
+        set_draft(st, active, *self.propose(st, branch, rand))
         self.close(st, active, u, a, h, p, rows=p + 2 * u + u * u)

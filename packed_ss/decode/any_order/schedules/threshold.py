@@ -17,8 +17,8 @@ class Threshold(AnyOrderSchedule):
     verifies = False
     threshold = 0.9
 
-    def __init__(self, model, width, params, epilogue, order="ltr", n_pending=None):
-        super().__init__(model, width, params, epilogue, "ltr", n_pending)
+    def __init__(self, model, width, sampled, epilogue, order="ltr", n_pending=None):
+        super().__init__(model, width, sampled, epilogue, "ltr", n_pending)
 
     def pending_slots(self) -> int:
         return self.width

@@ -54,6 +54,25 @@ def test_top_k_and_top_p_truncation():
     assert greedy.tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("top_p", [None, 0.5, 0.9, 0.99])
+@pytest.mark.parametrize("top_k", [1, 7, 64, 65, 300])
+def test_both_truncation_paths_apply_the_sorted_rule(top_k, top_p):
+    """A top-k of at most PARTIAL tokens takes the sorted head (topk of the logits), a larger one the whole
+    vocabulary masked by `kept`: both keep the top-k tokens, then those of them whose renormalised mass ranked
+    before them is below top_p, and renormalise (float64 rows without ties, peaked and flat, 3000 tokens)."""
+    g = torch.Generator().manual_seed(top_k)
+    logits = torch.randn(4, 3000, generator=g, dtype=torch.float64) * torch.tensor([0.2, 1.0, 3.0, 8.0])[:, None]
+    got = truncated_probs(logits[None], SamplingParams(0.8, top_k=top_k, top_p=top_p).rows(1))[0]
+    for row, prob in zip(logits, got):
+        vals, idx = (row / 0.8).sort(descending=True)
+        want = torch.softmax(vals[:top_k], 0)
+        if top_p is not None:
+            want = torch.where(want.cumsum(0) - want < top_p, want, 0.0)
+            want = want / want.sum()
+        dense = torch.zeros(3000, dtype=torch.float64).index_put_((idx[:top_k],), want)
+        torch.testing.assert_close(prob, dense, rtol=1e-12, atol=1e-15)
+
+
 # Requests with their own settings in one batch: temperature, top-k (k = 1, above PARTIAL = 64, above the
 # vocabulary), top-p (some needing the full sort on 3000 tokens), and temperature 0 (one-hot argmax).
 MIXES = {

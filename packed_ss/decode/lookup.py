@@ -54,9 +54,3 @@ def lookup_draft(st, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     is_stop = (draft[:, :, None] == st.stop_ids[:, None, :]).any(-1)
     length = torch.where(is_stop.any(1), is_stop.long().argmax(1) + 1, width)
     return draft, length, found
-
-
-def point_mass(draft: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q rows (idx, prob) [B, W, V] in the dense layout (idx = token) that put all mass on each draft token."""
-    idx = torch.arange(vocab, device=draft.device).expand(*draft.shape, -1)
-    return idx, idx == draft[:, :, None]

@@ -138,25 +138,50 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     return (flat >= cut[:, None]).view(prob.shape)
 
 
+def _top_k_head(logits: torch.Tensor, temperature: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Dense distributions of requests whose top-k keeps at most PARTIAL tokens: the softmax of their k largest
+    logits (of the PARTIAL a partial sort ranks, the rest masked), top-p applied to it in that order, scattered
+    over the vocabulary. No pass over the vocabulary but the partial sort and the scatter."""
+    vals, idx = logits.topk(min(PARTIAL, logits.shape[-1]), dim=-1)
+    k = _per_row(torch.where(sampling.top_k > 0, sampling.top_k, PARTIAL), vals)
+    vals = vals.masked_fill(torch.arange(vals.shape[-1], device=vals.device) >= k, -torch.inf)
+    head = torch.softmax(vals / temperature, dim=-1)
+    p = _per_row(sampling.top_p, head).to(head.dtype)
+    cut = torch.where(head.cumsum(-1) - head < p, head, 0.0)
+    head = torch.where(p < 1, cut / cut.sum(-1, keepdim=True), head)
+    return torch.zeros_like(logits).scatter_(-1, idx, head)
+
+
 def truncated_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Temperature, then top-k, then top-p, per request: dense distributions [B, ..., V] from logits [B, ..., V]
-    and the requests' `sampling` [B], zero outside the kept tokens (`kept`). The same function defines the target p
-    and the drafter's Q. Rows that truncate nothing are the softmax itself (not renormalised), so that untruncated
-    sampling pays no mask; a request of temperature 0 gets the point mass on its argmax (greedy, the limit), which
-    every rule of the rejection sampler turns into greedy decoding. Where `reads_are_free`, what no request asks is
+    and the requests' `sampling` [B], zero outside the kept tokens. The same function defines the target p and the
+    drafter's Q. Each request's rows take one path, chosen by its own settings, so that what it gets never depends
+    on its batch: top-k of at most PARTIAL tokens the sorted head (`_top_k_head`); else the softmax over the
+    vocabulary, masked by `kept` and renormalised where top-k or top-p truncate (not where nothing does, so that
+    untruncated sampling pays no mask); temperature 0 the point mass on the argmax (greedy, the limit, which every
+    rule of the rejection sampler turns into greedy decoding). Where `reads_are_free`, a path no request takes is
     skipped."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     eager = reads_are_free(logits)
     cold = sampling.temperature == 0
-    temperature = torch.where(cold, 1.0, sampling.temperature)
-    prob = torch.softmax(logits / _per_row(temperature, logits).to(logits.dtype), dim=-1)
-    truncates = ((sampling.top_k > 0) | (sampling.top_p < 1)) & ~cold
-    if not eager or truncates.any():
-        cut = prob * kept(prob, sampling.top_k, sampling.top_p)
-        prob = torch.where(_per_row(truncates, prob), cut / cut.sum(-1, keepdim=True), prob)
+    temperature = _per_row(torch.where(cold, 1.0, sampling.temperature), logits).to(logits.dtype)
+    head = (sampling.top_k > 0) & (sampling.top_k <= PARTIAL) & ~cold
+    whole = ~head & ~cold
+    paths = []          # (rows, their distributions), the rows of each path by its own settings
+    if not eager or whole.any():
+        prob = torch.softmax(logits / temperature, dim=-1)
+        truncates = whole & ((sampling.top_k > 0) | (sampling.top_p < 1))
+        if not eager or truncates.any():
+            cut = prob * kept(prob, sampling.top_k, sampling.top_p)
+            prob = torch.where(_per_row(truncates, prob), cut / cut.sum(-1, keepdim=True), prob)
+        paths.append((whole, prob))
+    if not eager or head.any():
+        paths.append((head, _top_k_head(logits, temperature, sampling)))
     if not eager or cold.any():
-        argmax = torch.zeros_like(prob).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-        prob = torch.where(_per_row(cold, prob), argmax, prob)
+        paths.append((cold, torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)))
+    prob = paths[0][1]
+    for rows, other in paths[1:]:
+        prob = torch.where(_per_row(rows, prob), other, prob)
     return prob
 
 

@@ -96,14 +96,9 @@ class SharedNoise:
         return perturbed_scores(logits, inp, st.seed, st.prompt_len, st.sampling, self.race)
 
     def perturbed(self, step: Step) -> Step:
-        """The step with its logits perturbed; the rows' positions come from the input the step built for the
-        call (the runtime builds a step's input, calls the model, then updates)."""
-        built = []
-
-        def inputs(st) -> ModelInput:
-            built[:] = [step.inputs(st)]
-            return built[0]
-        return Step(inputs, lambda st, logits: step.update(st, self.scores(st, built[0], logits)))
+        """The step with its logits perturbed; the rows' positions are those of the step's input, built again from
+        the state (a step's input is a function of the state, which the model call leaves as it was)."""
+        return Step(step.inputs, lambda st, logits: step.update(st, self.scores(st, step.inputs(st), logits)))
 
     def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:
         return self.perturbed(self.program.prefill(*prompts, cached=cached))

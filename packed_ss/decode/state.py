@@ -206,11 +206,14 @@ def stop_at_sequences(st: DecodeState, start: torch.Tensor) -> None:
 def retain(st: DecodeState, z, z_idx, z_prob, a: torch.Tensor, active: torch.Tensor) -> None:
     """Next draft = proposals z[a:] (paper Alg. 1 line 10 / Alg. 2 line 12), with their stored Q.
 
-    z [B, n_z] with, when sampled, the sparse Q rows z_idx / z_prob [B, n_z, K]; a [B]: the emitted counts."""
+    z [B, n_z] with, when sampled, the Q rows z_prob [B, n_z, K] and their token ids z_idx (None when dense: the
+    state's q_idx holds the token ids); a [B]: the emitted counts."""
     width, n_z = st.draft.shape[1], z.shape[1]
     src = (a[:, None] + torch.arange(width, device=z.device)).clamp(max=n_z - 1)               # [B, W]
     values = {"draft": z.gather(1, src), "draft_len": (n_z - a).clamp(0, width)}
-    if z_idx is not None:
-        rows = src[:, :, None].expand(-1, -1, z_idx.shape[2])
-        values.update(q_idx=z_idx.gather(1, rows), q_prob=z_prob.gather(1, rows))
+    if z_prob is not None:
+        rows = src[:, :, None].expand(-1, -1, z_prob.shape[2])
+        values["q_prob"] = z_prob.gather(1, rows)
+        if z_idx is not None:
+            values["q_idx"] = z_idx.gather(1, rows)
     st.assign(active, **values)

@@ -1,13 +1,14 @@
 """What the runtime drives: a program's steps, each one model call and an in-place state update.
 
-A *program* is a schedule bound to a model, width, sampling parameters and epilogue: a `Program` (below; the
+A *program* is a schedule bound to a model, width, epilogue and whether its requests sample (each request's
+settings are rows of the state): a `Program` (below; the
 schedules of both decode orders derive from it, and a wrapper such as decode/shared_noise.SharedNoise offers
 the same attributes). Its state is a dataclass of device tensors, each with a leading batch dimension (a row
 per request: `new_state` makes a batch of one, `DeviceState.cat` stacks them), with at least `done`, `n_out`,
 `out` (out[b, :n_out[b]] is final output), `nfe`, `n_verify`, `n_accepted`, `n_bonus`, `accepted_at` [B, W]
 (verifications that accepted draft position k, kept by `Step.fold`), and may have `hold` (set by a step when
 the host must run `program.resume` before the next iteration). Steps are fixed-shape, read nothing on the host,
-and change nothing once the state is done (or held). The host polls after the last step of every iteration.
+build their input from the state alone, and change nothing once the state is done (or held). The host polls after the last step of every iteration.
 """
 from __future__ import annotations
 

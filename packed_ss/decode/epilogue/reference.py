@@ -40,12 +40,10 @@ class TorchEpilogue(Epilogue):
         return j if rows.idx is None else rows.idx.gather(-1, j[..., None])[..., 0]
 
     def _propose(self, rows: Rows, u):
-        """Draft tokens from proposal rows (uniforms u[:, B:]) with the sparse Q each was drawn from."""
+        """Draft tokens from proposal rows (uniforms u[:, B:]) with the Q each was drawn from (its idx None when
+        dense: the state's token ids stay)."""
         z = self._draw(rows, None if u is None else u[:, self.block: self.block + len(rows)])
-        if rows.prob is None:
-            return z, None, None
-        idx = rows.idx if rows.idx is not None else torch.arange(rows.vocab, device=z.device).expand(rows.prob.shape)
-        return z, idx, rows.prob
+        return z, rows.idx, rows.prob
 
     def _verify(self, st: DecodeState, rows: Rows, u, residual=None):
         draft_len = st.draft_len.clamp(max=len(rows) - 1)       # a draft verifies within the rows (base.Epilogue)

@@ -41,13 +41,8 @@ class Adaptive(Schedule):
         return self._shapes
 
     def new_state(self, request, **shape):
-        """DecodeState with the policy's fields; when sampling, the stored Q is dense (idx = token, which retaining
-        proposals keeps): its token ids are written once, so that a lookup draft's point mass is a write of its
-        probabilities alone."""
-        st = self.policy.new_state(super().new_state(request, **shape))
-        if self.sampled:
-            st.q_idx.copy_(torch.arange(st.q_idx.shape[2], device=st.q_idx.device).expand_as(st.q_idx))
-        return st
+        """DecodeState with the policy's fields."""
+        return self.policy.new_state(super().new_state(request, **shape))
 
     # -- the shapes' calls -------------------------------------------------------------------------------------
     def _inputs(self, shape: Shape):
@@ -92,13 +87,6 @@ class Adaptive(Schedule):
         st.draft_len.zero_()
         self.epilogue.step(st, verify=self.epilogue.rows(logits, st.sampling))
 
-    def _point_mass(self, st, draft: torch.Tensor, rows: torch.Tensor) -> None:
-        """A lookup draft's stored Q, in place in the `rows` [B] that take one: all mass on each draft token (the
-        dense layout, idx = token, written once by new_state)."""
-        st.q_prob.masked_fill_(rows[:, None, None], 0.0)
-        at = draft.clamp(min=0)[:, :, None]
-        st.q_prob.scatter_(2, at, torch.where(rows[:, None, None], 1.0, st.q_prob.gather(2, at)))
-
     # -- after every step ----------------------------------------------------------------------------------------
     def redraft(self, st, keep: torch.Tensor | None = None, held=None, passive: torch.Tensor | None = None) -> None:
         """The lookup draft of the prefix after the call becomes the next draft where one is found (a point mass Q
@@ -117,7 +105,7 @@ class Adaptive(Schedule):
                   draft_len=torch.where(lookup, length, torch.where(keep & ~passive, st.draft_len, 0)),
                   lookup_draft=lookup)
         if self.sampled and self.looks_up:
-            self._point_mass(st, draft, lookup & ~st.done)
+            self.point_mass(st, draft, lookup & ~st.done)
         if self.looks_up:
             self.policy.score_lookup(st, draft, length, found, passive)
         if held is not None:

@@ -8,7 +8,7 @@ from ...runtime import ModelInput, Request, Step
 from ...runtime.program import Program
 from ...runtime.staging import staged
 from ..epilogue import Epilogue
-from ..lookup import CONTEXT, lookup_draft, point_mass
+from ..lookup import CONTEXT, lookup_draft
 from ..state import DecodeState, q_dtype
 
 DRAFT_SOURCES = ("diffusion", "lookup", "both")
@@ -67,14 +67,19 @@ class Schedule(Program):
     def new_state(self, request: Request, out_len=None, stop_slots=None, sequence_slots=None,
                   device=None) -> DecodeState:
         """A request's fresh state (on `device`, default the model's; admission builds it on the host).
-        One-token stop sequences join the stop ids; longer ones are matched after emit (stop_at_sequences)."""
+        One-token stop sequences join the stop ids; longer ones are matched after emit (stop_at_sequences).
+        Sampled, the stored Q is dense: its token ids (idx = token, which retaining proposals keeps) are written
+        once, so that a draft's Q is a write of its probabilities alone."""
         stop_ids = set(request.stop_ids) | {s[0] for s in request.stop_sequences if len(s) == 1}
         sequences = [s for s in request.stop_sequences if len(s) > 1]
         support = self.model.cfg.vocab_size if self.sampled else 1
-        return DecodeState.new(self.width, support, request.max_new_tokens, stop_ids, request.seed,
-                               device or self.device, out_len, stop_slots, sequences, sequence_slots,
-                               len(request.prompt), q_dtype(self.model), request.prompt if self.looks_up else (),
-                               CONTEXT if self.looks_up else 0, request.params)
+        st = DecodeState.new(self.width, support, request.max_new_tokens, stop_ids, request.seed,
+                             device or self.device, out_len, stop_slots, sequences, sequence_slots,
+                             len(request.prompt), q_dtype(self.model), request.prompt if self.looks_up else (),
+                             CONTEXT if self.looks_up else 0, request.params)
+        if self.sampled:
+            st.q_idx.copy_(torch.arange(support, device=st.q_idx.device).expand_as(st.q_idx))
+        return st
 
     def redraft(self, st: DecodeState) -> None:
         """After a step that chose the next draft: the lookup continuation of the verified sequence replaces it
@@ -83,13 +88,18 @@ class Schedule(Program):
             return
         draft, length, found = lookup_draft(st, self.width)
         otherwise = st.draft_len if self.draft_source == "both" else torch.zeros_like(st.draft_len)
-        values = {"draft": torch.where(found[:, None], draft, st.draft),
-                  "draft_len": torch.where(found, length, otherwise)}
+        st.assign(~st.done, draft=torch.where(found[:, None], draft, st.draft),
+                  draft_len=torch.where(found, length, otherwise))
         if self.sampled:
-            idx, mass = point_mass(draft, self.model.cfg.vocab_size)
-            values.update(q_idx=torch.where(found[:, None, None], idx, st.q_idx),
-                          q_prob=torch.where(found[:, None, None], mass.to(st.q_prob.dtype), st.q_prob))
-        st.assign(~st.done, **values)
+            self.point_mass(st, draft, found & ~st.done)
+
+    @staticmethod
+    def point_mass(st: DecodeState, draft: torch.Tensor, rows: torch.Tensor) -> None:
+        """A lookup draft's stored Q, in place in the `rows` [B] that take one: all mass on each draft token (the
+        dense layout, idx = token, written once by new_state)."""
+        st.q_prob.masked_fill_(rows[:, None, None], 0.0)
+        at = draft.clamp(min=0)[:, :, None]
+        st.q_prob.scatter_(2, at, torch.where(rows[:, None, None], 1.0, st.q_prob.gather(2, at)))
 
     # -- the first call: prompt (causal, cached) plus W+1 masks (paper E.2) ---------------------------
     def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:

@@ -111,12 +111,10 @@ class AnyOrderSchedule(Program):
         return ~(st.done | st.hold)
 
     def uniforms(self, st: AnyOrderState, active) -> torch.Tensor | None:
-        """This call's uniforms (None when greedy); the offset advances once per call, on the device. The
-        epilogue's verification draws the same ones from the key it is handed here."""
+        """This call's uniforms (None when greedy); the offset advances once per call, on the device, so a step
+        verifies (`verify`, whose epilogue draws the same uniforms from the key before the advance) first."""
         if not self.sampled:
             return None
-        self.ranked.seed.copy_(st.seed)
-        self.ranked.offset.copy_(st.offset)
         u = philox_uniform(st.seed, st.offset, 2 * self.width + 2)
         st.assign(active, offset=st.offset + 1)
         return u
@@ -144,8 +142,12 @@ class AnyOrderSchedule(Program):
         Greedy: the argmax, h = leading ranks whose draft equals it. Sampled: rejection sampling against each
         draft's stored Q up to kappa_t; a rank without a draft is drawn from p. The epilogue verifies W + 1
         rows (the LTR bonus row last): here the last M row again, with the residual drawn at u[u_t]; with
-        all u_t drafts accepted Alg. 3 takes no extra token, and that draw is dropped."""
+        all u_t drafts accepted Alg. 3 takes no extra token, and that draw is dropped. Its uniforms are the call's,
+        from the state's key: a step verifies before `uniforms` advances it. `ranked` is the epilogue's view of
+        the draft in rank order, written whole here before each use."""
         tok, kappa, q_idx, q_prob = drafts(st)
+        self.ranked.seed.copy_(st.seed)
+        self.ranked.offset.copy_(st.offset)
         self.ranked.draft.copy_(torch.where(tok >= 0, tok, 0))
         self.ranked.draft_len.copy_(kappa)
         if self.sampled:

@@ -37,8 +37,8 @@ class Linear(AnyOrderSchedule):
     def verify_update(self, st, logits):
         active, p, u = self.active(st), pending(st), window_size(st)
         m = logits[self.width:]
-        self.uniforms(st, active)
         verified, h, kappa = self.verify(st, m)
+        self.uniforms(st, active)                   # the call's offset advances
         a = self.accept(st, active, verified, h, kappa)
         set_draft(st, active, self.no_tokens, confidence(m, m.argmax(-1)))   # scores for pi_{t+1}, no draft
         self.close(st, active, u, a, h, p, rows=p + 3 * u)

@@ -27,8 +27,9 @@ class Packed(AnyOrderSchedule):
 
     def update(self, st, logits):
         active, p, u = self.active(st), pending(st), window_size(st)
-        rand, m = self.uniforms(st, active), self.call.n_anchor
+        m = self.call.n_anchor
         verified, h, kappa = self.verify(st, logits[m: m + self.width])   # lines 6-7, 9
+        rand = self.uniforms(st, active)
         proposal = self.propose(st, logits[m + self.width:], rand)            # line 8
         a = self.accept(st, active, verified, h, kappa)                   # lines 10-13
         set_draft(st, active, *proposal)                                  # lines 14-15

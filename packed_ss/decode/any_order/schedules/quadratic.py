@@ -30,8 +30,9 @@ class Quadratic(AnyOrderSchedule):
 
     def update(self, st, logits):
         active, p, u = self.active(st), pending(st), window_size(st)
-        rand, m, w = self.uniforms(st, active), self.call.n_anchor, self.width
+        m, w = self.call.n_anchor, self.width
         verified, h, kappa = self.verify(st, logits[m: m + w])
+        rand = self.uniforms(st, active)
         a = self.accept(st, active, verified, h, kappa)
         branch = logits.index_select(0, m + w + (a - 1).clamp(min=0) * w + self.ranks)
         set_draft(st, active, *self.propose(st, branch, rand))

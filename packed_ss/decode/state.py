@@ -69,8 +69,8 @@ class DecodeState(DeviceState):
     """Everything an iteration reads or writes, as tensors on the model's device, one row per request.
 
     Per request (the shapes below follow the batch dimension [B]): the cache holds the verified prefix except its last token `last`; `out[:n_out]` is the output.
-    `draft[:draft_len]` is the current draft, `q_idx`/`q_prob` the sparse distribution each draft token
-    was drawn from (unused under greedy decoding). `stop_ids` [S] are one-token stops (padded with -1, which
+    `draft[:draft_len]` is the current draft, `q_idx`/`q_prob` the distribution each draft token
+    was drawn from (unused under greedy decoding; the engine's is dense, q_idx the token ids written once). `stop_ids` [S] are one-token stops (padded with -1, which
     no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
     on the left with -1 (matches anything). `n_bonus` counts the verifications that accepted a whole
     non-empty draft and appended the bonus token drawn after it, `accepted_at[k]` the verifications that

@@ -14,7 +14,7 @@ from sampling_law import (ALPHA, POWER, T1, TOP_K, TOP_P, ar_checkpoint, ar_law,
 import packed_ss
 import packed_ss.decode.epilogue.reference as torch_epilogue
 from packed_ss.decode.epilogue import native_available
-from packed_ss.decode.policy import QUIET, QUIET_RUNS, RATE, Policy, Shape, shapes_for
+from packed_ss.decode.policy import DOZE, QUIET, QUIET_RUNS, RATE, Policy, Shape, shapes_for
 from packed_ss.decode.sampling import SamplingParams
 from packed_ss.runtime import Request
 from packed_ss.runtime.batch import Batch
@@ -172,20 +172,22 @@ def test_the_choice_weighs_expected_tokens_against_cost(hit, batch, want):
 def test_a_request_no_draft_pays_for_goes_quiet_for_doubling_runs():
     """Lookup drafts never right and diffusion drafts earning one token: the request goes quiet (passive, the call
     the awake one's), stays so for its quiet run of calls unchanged, and its next quiet run is twice as long; one
-    whose drafts pay stays awake."""
+    whose drafts pay stays awake, and one without a draft this call, whose drafts would pay, dozes for DOZE calls."""
     shapes = shapes_for(4, "both")
     policy = Policy.from_profile(shapes, None).measured([(1.0 + 0.1 * s.rows, 8.0 + 0.1 * s.rows) for s in shapes],
                                                          True)
-    st = state(policy, 2)
+    st = state(policy, 3)
     st.look_hit[0].zero_()
     st.diffusion[0].fill_(1.0)
-    st.look_hit[1].fill_(0.95)
-    length, found = torch.full((2,), 4), torch.ones(2, dtype=torch.bool)
+    st.look_hit[1:].fill_(0.95)
+    st.diffusion[2].fill_(1.0)
+    length, found = torch.full((3,), 4), torch.tensor([True, True, False])
     policy.choose(st, length, found)
-    assert st.quiet.tolist() == [QUIET_RUNS[0], 0] and st.quiet_run.tolist() == [2 * QUIET_RUNS[0], QUIET_RUNS[0]]
+    assert st.quiet.tolist() == [QUIET_RUNS[0], 0, DOZE]
+    assert st.quiet_run.tolist() == [2 * QUIET_RUNS[0], QUIET_RUNS[0], QUIET_RUNS[0]]
     assert shapes[policy.next_call(list(zip(st.choice.tolist(), st.quiet.tolist())), lag=0)] == Shape(4)
     hit = st.look_hit.clone()
-    st.done[1] = True                                                       # alone now
+    st.done[1:] = True                                                      # alone now
     for left in range(QUIET_RUNS[0] - 1, -1, -1):
         assert policy.next_call([(st.choice[0].item(), st.quiet[0].item())], lag=0) == QUIET
         passive = st.passive

@@ -32,9 +32,11 @@ Two ways to choose, by what the output may depend on:
 AR is always a candidate, and wins unless a shape promises MARGIN more tokens per ms (the costs are measured on a
 machine that may be busy, and a wrong bet costs more than a missed one).
 Quiet periods: a request whose own best shape is AR (per request; free, when the batch's is) goes quiet for
-QUIET_RUNS[0] of its calls, or, while AR is its best bet for the iterations to come too (`potential`: a full lookup
-draft as often as one is found), for a run that doubles each time up to QUIET_RUNS[1] and falls back once a draft
-could pay. The period ends at a call count (`quiet_until`, against the state's nfe), so nothing counts it down. A
+DOZE of its calls, or, while AR is its best bet for the iterations to come too (`potential`: a full lookup draft as
+often as one is found), for a run of QUIET_RUNS[0] calls that doubles each time up to QUIET_RUNS[1] and falls back
+once a draft could pay. Each full iteration costs about a millisecond more than the lean AR step on a 2-core CPU
+(lookup, scoring, the choice), so a run that starts long keeps a request no draft pays for near AR's cost.
+The period ends at a call count (`quiet_until`, against the state's nfe), so nothing counts it down. A
 quiet request is passive in every call: it verifies an empty draft, and nothing of its statistics, draft or choice
 changes. The status table carries each request's choice and the calls it stays quiet for; when every live request
 stays quiet through the next call (`next_call`, on the host) the host runs the lean AR step (shape index QUIET:
@@ -56,7 +58,8 @@ DRIFT = 1 / 32      # per iteration, how far an unobserved diffusion estimate mo
 LOOKUP_PRIOR = 0.5  # P(lookup draft token k right | a draft), per position, without a profile
 COST_BATCH = 8      # the second batch size an iteration's cost is measured at (the first is 1)
 MARGIN = 1.1       # how much more than AR's tokens per ms another shape must promise
-QUIET_RUNS = (2, 32)  # a quiet period's length: the first, and the longest it doubles to
+DOZE = 2            # a quiet period's length while a draft could still pay
+QUIET_RUNS = (8, 64)  # ... while none could: the first, and the longest it doubles to
 QUIET = -1          # the call shape when every live request stays quiet: the program's last
 
 
@@ -133,6 +136,7 @@ class Constants(NamedTuple):
     widths: torch.Tensor            # [S]: draft tokens each shape verifies
     masks: torch.Tensor             # [S]: mask rows each shape proposes from
     packed: torch.Tensor            # [P]: the packed shapes' indices
+    estimate: torch.Tensor          # [S]: a packed shape's column of the diffusion estimates (0 for the others)
 
 
 class Policy:
@@ -184,7 +188,9 @@ class Policy:
                 torch.tensor(self.diffusion_prior, dtype=torch.float32, device=device),
                 torch.tensor([s.width for s in self.shapes], device=device),
                 torch.tensor([s.masks for s in self.shapes], device=device),
-                torch.tensor(self.packed, dtype=torch.int64, device=device))
+                torch.tensor(self.packed, dtype=torch.int64, device=device),
+                torch.tensor([self.packed.index(i) if i in self.packed else 0 for i in range(len(self.shapes))],
+                             device=device))
         return self._device[device]
 
     def new_state(self, base: DecodeState) -> AdaptiveState:
@@ -254,27 +260,29 @@ class Policy:
         k = torch.arange(self.width, device=length.device)
         return 1 + (st.look_hit * (k < length[:, None])).cumsum(1)
 
-    def prefers_lookup(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor) -> torch.Tensor:
+    def prefers_lookup(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor,
+                       gain: torch.Tensor | None = None) -> torch.Tensor:
         """Which requests [B] a packed call should give their lookup draft rather than the retained proposals: those
-        with a lookup draft expected to earn as much as their best diffusion estimate."""
+        with a lookup draft expected to earn as much as their best diffusion estimate (`gain`: lookup_gain, if
+        already at hand)."""
         if not self.packed:
             return found
-        return found & (self.lookup_gain(st, length)[:, -1] >= st.diffusion.amax(1))
+        gain = self.lookup_gain(st, length) if gain is None else gain
+        return found & (gain[:, -1] >= st.diffusion.amax(1))
 
     def expected(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor) -> torch.Tensor:
         """Expected tokens [B, S] of each request's next iteration in each shape, given its next lookup draft
-        (`length`, `found`): a lookup shape verifies the lookup draft, a packed one the lookup draft where the
-        request prefers it (prefers_lookup), else its diffusion draft."""
+        (`length`, `found`): AR one, a lookup shape verifies the lookup draft, a packed one the lookup draft where
+        the request prefers it (prefers_lookup), else its diffusion draft."""
+        c = self.constants(length.device)
         gain = self.lookup_gain(st, length)
-        preferred = self.prefers_lookup(st, length, found)
-        columns = []
-        for i, s in enumerate(self.shapes):
-            if s.kind == "ar":
-                columns.append(torch.ones_like(gain[:, 0]))
-                continue
-            columns.append(torch.where(found, gain[:, s.width - 1], 1.0) if s.kind == "lookup" else
-                           torch.where(preferred, gain[:, s.width - 1], st.diffusion[:, self.packed.index(i)]))
-        return torch.stack(columns, 1)
+        at_width = gain[:, c.widths.clamp(min=1) - 1]                                        # [B, S]
+        drafted = torch.where(found[:, None] & (c.widths > 0), at_width, 1.0)
+        if not self.packed:
+            return drafted
+        preferred = self.prefers_lookup(st, length, found, gain)
+        packed = torch.where(preferred[:, None], at_width, st.diffusion[:, c.estimate])
+        return torch.where(c.masks > 0, packed, drafted)
 
     def choose(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor,
                passive: torch.Tensor | None = None) -> None:
@@ -296,7 +304,7 @@ class Policy:
             st.choice.copy_(self.best(tokens, cost).expand_as(st.choice))
             own = st.choice
         hopeless = self.best(self.potential(st, length), cost) == 0
-        st.assign(choosing & (own == 0), quiet_until=st.nfe + torch.where(hopeless, st.quiet_run, QUIET_RUNS[0]))
+        st.assign(choosing & (own == 0), quiet_until=st.nfe + torch.where(hopeless, st.quiet_run, DOZE))
         st.assign(choosing & (own == 0) & hopeless, quiet_run=(2 * st.quiet_run).clamp(max=QUIET_RUNS[1]))
         st.assign(choosing & ~hopeless, quiet_run=torch.full_like(st.quiet_run, QUIET_RUNS[0]))
 

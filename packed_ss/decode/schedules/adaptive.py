@@ -54,6 +54,8 @@ class Adaptive(Schedule):
 
         def inputs(st):
             last = st.last[:, None]
+            if not w:                                        # ar: the last token alone
+                return self.input_at(st, last, offsets, lay)
             parts = [last, torch.where(slots < st.draft_len[:, None], st.draft[:, :w], last)]
             if m:
                 parts += [last, masks.expand(st.batch, -1)]

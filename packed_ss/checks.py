@@ -106,7 +106,9 @@ def check_request(engine, prompt_ids, max_new_tokens, temperature, top_k, top_p,
 
 def check_requests(engine, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, stop_token_ids,
                    stop_sequences) -> tuple[list[Request], SamplingParams]:
-    """A batch's validated requests (per-request caps and seeds; an error names the request's index)."""
+    """A batch's validated requests (per-request caps, seeds and sampling settings; an error names the request's
+    index), and the settings that pick its program: a sampled request's if any samples (the sampled program
+    decodes a temperature-0 row exactly as the greedy one), else greedy."""
     prompts = list(prompts)
     if not prompts:
         raise ValueError("prompts must contain at least one prompt")
@@ -117,12 +119,13 @@ def check_requests(engine, prompts, max_new_tokens, temperature, top_k, top_p, s
     else:
         check_int("seed", seed, 0, 2**63 - n)
         seeds = [seed + i for i in range(n)]
+    settings = zip(per_request("temperature", temperature, n), per_request("top_k", top_k, n),
+                   per_request("top_p", top_p, n))
     requests = []
-    for i, (prompt, cap, s) in enumerate(zip(prompts, caps, seeds)):
+    for i, (prompt, cap, s, (t, k, p)) in enumerate(zip(prompts, caps, seeds, settings)):
         try:
-            request, params = check_request(engine, prompt, cap, temperature, top_k, top_p, s, eos_token_id,
-                                            stop_token_ids, stop_sequences)
+            request, _ = check_request(engine, prompt, cap, t, k, p, s, eos_token_id, stop_token_ids, stop_sequences)
         except ValueError as err:
             raise ValueError(f"request {i}: {err}") from None
         requests.append(request)
-    return requests, params
+    return requests, next((r.params for r in requests if not r.params.greedy), requests[0].params)

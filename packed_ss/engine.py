@@ -325,8 +325,9 @@ class Engine:
         far (output and counts) is in `group.results[0]`."""
         self.runtime.abort(group)
 
-    def generate_batch(self, prompts, max_new_tokens: int | list[int] = 64, temperature: float = 0.0,
-                       top_k: int | None = None, top_p: float | None = None, seed: int | list[int] | None = None,
+    def generate_batch(self, prompts, max_new_tokens: int | list[int] = 64, temperature: float | list[float] = 0.0,
+                       top_k: int | list[int | None] | None = None, top_p: float | list[float | None] | None = None,
+                       seed: int | list[int] | None = None,
                        eos_token_id: int | list[int] | None = None, stop_token_ids: list[int] | None = None,
                        stop_sequences: list[list[int]] | None = None, batch_size: int | None = None,
                        progress: bool = False) -> list[GenerateResult]:
@@ -334,9 +335,10 @@ class Engine:
         `generate` gives that request alone (sampled ones too: random numbers follow each request's own seed
         and counter, never its place in the batch).
 
-        `max_new_tokens` and `seed`: one value for all, or a list with one per prompt; an int seed s gives
-        request i the seed s + i (repeated prompts draw different samples), None random seeds. Sampling
-        settings and stops are shared. `batch_size`: requests decoded at once, one model call per step for
+        `max_new_tokens`, `temperature`, `top_k`, `top_p` and `seed`: one value for all, or a list with one per
+        prompt; an int seed s gives request i the seed s + i (repeated prompts draw different samples), None
+        random seeds. Requests of any sampling settings share the batch (greedy ones beside sampled ones decode
+        in the sampled program, exactly as alone). Stops are shared. `batch_size`: requests decoded at once, one model call per step for
         all of them (default: every prompt, at most MAX_BATCH); a finished request's slot takes the next
         waiting one (continuous batching). Any-order models decode one request at a time (batch_size 1):
         their calls' layouts follow each request's own window. `progress`: a progress bar of finished
@@ -354,8 +356,9 @@ class Engine:
             return self._drain(self.runtime.decode(self.program(params), requests, batch_size,
                                                    on_finish=lambda i, result: bar.update()))
 
-    def stream_batch(self, prompts, max_new_tokens: int | list[int] = 64, temperature: float = 0.0,
-                     top_k: int | None = None, top_p: float | None = None, seed: int | list[int] | None = None,
+    def stream_batch(self, prompts, max_new_tokens: int | list[int] = 64, temperature: float | list[float] = 0.0,
+                     top_k: int | list[int | None] | None = None, top_p: float | list[float | None] | None = None,
+                     seed: int | list[int] | None = None,
                      eos_token_id: int | list[int] | None = None, stop_token_ids: list[int] | None = None,
                      stop_sequences: list[list[int]] | None = None) -> Iterator[tuple[int, list[int]]]:
         """Like `generate_batch` with every request in its own slot (at most MAX_BATCH; one for an any-order

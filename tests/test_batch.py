@@ -133,6 +133,10 @@ def test_bad_input_names_the_request_before_anything_runs(model, monkeypatch):
         (dict(prompts=[[1], [2]], max_new_tokens=[4, 0]), "request 1: max_new_tokens must be an integer"),
         (dict(prompts=[[1], [2]], seed=[4, -1]), "request 1: seed must be an integer"),
         (dict(prompts=[[1]], batch_size=0), r"batch_size must be an integer \[1, 256\]"),
+        (dict(prompts=[[1], [2]], temperature=[0.5]), "temperature must be one value or a list of one per prompt"),
+        (dict(prompts=[[1], [2]], temperature=[0.5, -1.0]), "request 1: temperature must be a finite number >= 0"),
+        (dict(prompts=[[1], [2]], temperature=1.0, top_p=[0.9, 0.0]), r"request 1: top_p must be in \(0, 1\]"),
+        (dict(prompts=[[1], [2]], temperature=1.0, top_k=[None, 0]), "request 1: top_k must be an integer"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -146,6 +150,21 @@ def test_any_order_models_decode_one_at_a_time():
         engine.generate_batch(PROMPTS[:2], max_new_tokens=4, batch_size=2)
     got = engine.generate_batch(PROMPTS[:3], max_new_tokens=[9, 1, 5], eos_token_id=[])
     assert_same(got, alone(engine, PROMPTS[:3], [9, 1, 5], [0] * 3, eos_token_id=[]))
+
+
+def test_an_any_order_batch_takes_a_setting_per_prompt():
+    """Greedy and sampled prompts of one generate_batch on an any-order model (LTR): each request gets what
+    `generate` gives it alone, a greedy one decoding at temperature 0 in the sampled program (float64: the two
+    programs' calls differ)."""
+    model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), dtype=torch.float64)
+    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    settings = [dict(temperature=0.0), dict(temperature=1.0, top_k=20), dict(temperature=0.7, top_p=0.9)]
+    want = [engine.generate(p, 12, seed=5 + i, eos_token_id=[], **s).tokens
+            for i, (p, s) in enumerate(zip(PROMPTS, settings))]
+    got = engine.generate_batch(PROMPTS[:3], 12, seed=5, eos_token_id=[],
+                                temperature=[s["temperature"] for s in settings],
+                                top_k=[s.get("top_k") for s in settings], top_p=[s.get("top_p") for s in settings])
+    assert [r.tokens for r in got] == want
 
 
 def test_cli_generates_a_prompts_file_in_batches(tmp_path):

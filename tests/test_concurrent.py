@@ -108,6 +108,24 @@ def test_requests_of_any_sampling_settings_share_one_batch(model64, batch_sizes,
     assert max(batch_sizes) == len(MIXED), batch_sizes
 
 
+@pytest.mark.parametrize("schedule", ["ar", "packed", "linear", "quadratic", "lookup", "adaptive"])
+@pytest.mark.parametrize("sampler", ["rejection", "gumbel"])
+def test_generate_batch_takes_a_setting_per_prompt(model64, batch_sizes, schedule, sampler):
+    """generate_batch with a temperature, top-k and top-p per prompt, greedy ones among them: one batch, and each
+    request gets what `generate` gives it alone (a greedy one from the greedy program; float64, as above)."""
+    engine = packed_ss.Engine(model64, schedule=schedule, width=3, sampler=sampler)
+    settings = [dict(temperature=0.0)] + MIXED[:3] + [dict(temperature=0.0, top_k=5)]
+    prompts, caps = [PROMPTS[i % 4] for i in range(len(settings))], [30 - 3 * i for i in range(len(settings))]
+    alone = [engine.generate(p, n, seed=10 + i, eos_token_id=[], **s).tokens
+             for i, (p, n, s) in enumerate(zip(prompts, caps, settings))]
+    batch_sizes.clear()
+    got = engine.generate_batch(prompts, caps, seed=10, eos_token_id=[],
+                                temperature=[s["temperature"] for s in settings],
+                                top_k=[s.get("top_k") for s in settings], top_p=[s.get("top_p") for s in settings])
+    assert [r.tokens for r in got] == alone
+    assert max(batch_sizes) == len(settings), batch_sizes
+
+
 def test_closed_stream_frees_its_slot_for_the_next(model, batch_sizes):
     """Two streams in one batch; the first is closed mid-way: the next request takes its slot (the batch does not
     grow), and both the survivor and the newcomer get what they get alone."""

@@ -48,13 +48,15 @@ def target_tokens(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tens
 def draft_tokens(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, settings: Sampling,
                  race=torch_race) -> torch.Tensor:
     """The drafter's proposals [B, R] from drafting rows: the same race over its DRAFT_SUPPORT likeliest tokens
-    (after temperature) only. Any drafter keeps the output exact here (a draft is accepted when it equals the
-    target's own sample), so the drafter skips the target's truncation and ranks a few tokens, not the
-    vocabulary."""
+    (after temperature; at temperature 0 its argmax) only. Any drafter keeps the output exact here (a draft is
+    accepted when it equals the target's own sample), so the drafter skips the target's truncation and ranks a
+    few tokens, not the vocabulary."""
     vals, idx = logits.topk(min(DRAFT_SUPPORT, logits.shape[-1]), -1)
     vals = vals.to(torch.promote_types(vals.dtype, torch.float32))
-    prob = torch.softmax(vals / settings.temperature.to(vals.dtype)[:, None, None], -1)
-    return race(seed, position, prob, idx)
+    temperature = settings.temperature.to(vals.dtype)[:, None, None]
+    prob = torch.softmax(vals / torch.where(temperature > 0, temperature, 1.0), -1)
+    argmax = (torch.arange(prob.shape[-1], device=prob.device) == 0).to(prob.dtype)       # idx is in order
+    return race(seed, position, torch.where(temperature > 0, prob, argmax), idx)
 
 
 def perturbed_scores(logits: torch.Tensor, inp: ModelInput, seed: torch.Tensor, prompt_len: torch.Tensor,

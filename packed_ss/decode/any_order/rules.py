@@ -60,11 +60,11 @@ def plan(st: AnyOrderState, order: str, active: torch.Tensor) -> None:
 
 
 def drafts(st: AnyOrderState):
-    """D_{t-1} at each rank of pi_t: tokens (-1: none), kappa_t (line 6) and the stored Q rows."""
+    """D_{t-1} at each rank of pi_t: tokens (-1: none), kappa_t (line 6) and the stored Q rows (dense)."""
     slot, found = slots(st, st.rank_pos)
     tok = torch.where(found, st.draft_tok[slot], -1)
     kappa = (tok >= 0).long().cumprod(0).sum()
-    return tok, kappa, st.q_idx[slot], st.q_prob[slot]
+    return tok, kappa, st.q_prob[slot]
 
 
 def commit(st: AnyOrderState, active, positions, tokens, keep, n_cached) -> None:
@@ -103,14 +103,14 @@ def apply_stops(st: AnyOrderState, active) -> None:
     st.assign(active, n_out=n_out, done=n_out > st.end)
 
 
-def set_draft(st: AnyOrderState, active, tokens, scores, q_idx=None, q_prob=None) -> None:
+def set_draft(st: AnyOrderState, active, tokens, scores, q_prob=None) -> None:
     """D_t: the proposals at the ranks of pi_t still unresolved and not after E (lines 14-15), with their
     scores and, when sampled, their Q. Tokens -1: scores alone (Linear-SS orders by its verifier, E.6)."""
     pos = st.rank_pos
     open_ = (pos >= 0) & (pos <= st.end) & (gather(st.out, pos) < 0)
     values = {"draft_pos": torch.where(open_, pos, -1), "draft_tok": tokens, "draft_score": scores}
-    if q_idx is not None:
-        values.update(q_idx=q_idx, q_prob=q_prob)
+    if q_prob is not None:
+        values.update(q_prob=q_prob)
     st.assign(active, **values)
 
 

@@ -38,9 +38,9 @@ class AnyOrderState(DeviceState):
 
     `out[j]` is the token accepted at position j (-1: unresolved); `out[:n_out]` is the resolved prefix of
     positions 0..E (E = `end`), the final output so far. Draft slots hold D_t: `draft_pos` (-1: empty),
-    `draft_tok` (-1: a score without a token, Linear-SS), `draft_score` (nan: none) and the sparse Q each
-    sampled draft was drawn from. `rank_pos` is pi_t of the next call (-1 after u_t), chosen when the
-    previous iteration ended. `stops` [S, Ls]: stop tokens and sequences, right-aligned, -1 matching any
+    `draft_tok` (-1: a score without a token, Linear-SS), `draft_score` (nan: none) and the Q each
+    sampled draft was drawn from (`q_prob`: dense, in token order). `rank_pos` is pi_t of the next call (-1
+    after u_t), chosen when the previous iteration ended. `stops` [S, Ls]: stop tokens and sequences, right-aligned, -1 matching any
     token on the left, -2 (a row that matches nothing) in unused slots. `hold` asks the host for
     `resume()`: more pending rows than the fixed call has N slots for.
     """
@@ -54,7 +54,6 @@ class AnyOrderState(DeviceState):
     draft_pos: torch.Tensor
     draft_tok: torch.Tensor
     draft_score: torch.Tensor
-    q_idx: torch.Tensor
     q_prob: torch.Tensor
     rank_pos: torch.Tensor
     seed: torch.Tensor
@@ -102,7 +101,7 @@ class AnyOrderState(DeviceState):
             acc_pos=full((out_len,), -1), n_acc=scalar(0), n_cached=scalar(0),
             draft_pos=full((width,), -1), draft_tok=full((width,), -1),
             draft_score=full((width,), math.nan, torch.float64),
-            q_idx=full((width, support), 0), q_prob=full((width, support), 0.0, q_dtype),
+            q_prob=full((width, support), 0.0, q_dtype),
             rank_pos=full((width,), -1), seed=scalar(seed), offset=scalar(0),
             stops=torch.tensor(table, dtype=torch.int64, device=device).view(n_stop, stop_len),
             done=scalar(False, torch.bool), hold=scalar(False, torch.bool),

@@ -54,6 +54,7 @@ class AnyOrderSchedule(Program):
         # the epilogue verifies a DecodeState: this one holds D_{t-1} in rank order, its Q and the RNG key
         support = model.cfg.vocab_size if sampled else 1
         self.ranked = DecodeState.new(width, support, 1, [], 0, self.device, q_dtype=q_dtype(model))
+        self.ranked.q_idx.copy_(torch.arange(support, device=self.device).expand_as(self.ranked.q_idx))  # dense Q
         self.block = width + 1   # an iteration resolves positions of a window that starts at n_out
         self.ranks = torch.arange(width, device=self.device)
         self.steps: list[Step] = [one_request(step) for step in self.build()]
@@ -125,15 +126,14 @@ class AnyOrderSchedule(Program):
         return torch.where(tok >= 0, tok, self.mask_id)
 
     def propose(self, st: AnyOrderState, logits: torch.Tensor, u: torch.Tensor | None):
-        """Drafts from mask rows in rank order (line 8): (tokens, scores, Q (idx, prob: dense) or None, None); a
-        score is the probability the proposal gave its own token."""
+        """Drafts from mask rows in rank order (line 8): (tokens, scores, Q: dense, or None); a score is the
+        probability the proposal gave its own token."""
         if u is None:
             z = logits.argmax(-1)
-            return z, confidence(logits, z), None, None
+            return z, confidence(logits, z), None
         prob = truncated_probs(logits, st.sampling)
         z = inverse_cdf(prob, u[self.width + 1: 2 * self.width + 1])
-        idx = torch.arange(prob.shape[-1], device=prob.device).expand(prob.shape)
-        return z, prob.gather(-1, z[:, None])[:, 0], idx, prob
+        return z, prob.gather(-1, z[:, None])[:, 0], prob
 
     def verify(self, st: AnyOrderState, logits: torch.Tensor):
         """(token at each rank, h_t, kappa_t) from the verifier rows M in rank order (lines 6-7, 9), by the
@@ -145,13 +145,12 @@ class AnyOrderSchedule(Program):
         all u_t drafts accepted Alg. 3 takes no extra token, and that draw is dropped. Its uniforms are the call's,
         from the state's key: a step verifies before `uniforms` advances it. `ranked` is the epilogue's view of
         the draft in rank order, written whole here before each use."""
-        tok, kappa, q_idx, q_prob = drafts(st)
+        tok, kappa, q_prob = drafts(st)
         self.ranked.seed.copy_(st.seed)
         self.ranked.offset.copy_(st.offset)
         self.ranked.draft.copy_(torch.where(tok >= 0, tok, 0))
         self.ranked.draft_len.copy_(kappa)
         if self.sampled:
-            self.ranked.q_idx.copy_(q_idx)
             self.ranked.q_prob.copy_(q_prob)
         rows = self.epilogue.rows(torch.cat([logits, logits[-1:]])[None], st.sampling)
         verified = self.epilogue.verify(self.ranked, rows, residual=window_size(st)[None])

@@ -126,6 +126,8 @@ def draw_batched(path, schedule: str, width: int, params: SamplingParams, seeds=
 
 
 def g_test_pvalue(samples: list[tuple], law: dict[tuple, float]) -> float:
+    if any(s not in law for s in samples):
+        return 0.0                                    # an outcome outside the law's support was observed
     counts = dict.fromkeys(law, 0)
     for s in samples:
         counts[s] += 1

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import sampling
 from ..sampling import Sampling, truncated_probs
 from ..state import DecodeState, stop_at_sequences
 
@@ -109,7 +110,13 @@ class Epilogue:
     # -- stop sequences of several tokens: matched on the device after emit, for either implementation ------
     @staticmethod
     def _mark(st: DecodeState) -> torch.Tensor | None:
-        return st.n_out.clone() if st.stop_seqs.shape[1] else None
+        """n_out before the step, where stop sequences are to be matched after it: not where the tables have no
+        slots, nor on the CPU, eagerly, where no request has a sequence (each unused slot ends in -2)."""
+        if not st.stop_seqs.shape[1]:
+            return None
+        if sampling.reads_are_free(st.stop_seqs) and not (st.stop_seqs[..., -1] != -2).any():
+            return None
+        return st.n_out.clone()
 
     @staticmethod
     def _stop_at_sequences(st: DecodeState, start: torch.Tensor | None) -> None:

@@ -338,8 +338,8 @@ class Engine:
         `max_new_tokens`, `temperature`, `top_k`, `top_p` and `seed`: one value for all, or a list with one per
         prompt; an int seed s gives request i the seed s + i (repeated prompts draw different samples), None
         random seeds. Requests of any sampling settings share the batch (greedy ones beside sampled ones decode
-        in the sampled program, exactly as alone). Stops are shared. `batch_size`: requests decoded at once, one model call per step for
-        all of them (default: every prompt, at most MAX_BATCH); a finished request's slot takes the next
+        in the sampled program, exactly as alone). Stops are shared. `batch_size`: requests decoded at once,
+        one model call per step for all of them (default: every prompt, at most MAX_BATCH); a finished request's slot takes the next
         waiting one (continuous batching). Any-order models decode one request at a time (batch_size 1):
         their calls' layouts follow each request's own window. `progress`: a progress bar of finished
         requests (stderr). Everything is checked before anything runs; an error names the request's index.

@@ -70,8 +70,9 @@ class DecodeState(DeviceState):
 
     Per request (the shapes below follow the batch dimension [B]): the cache holds the verified prefix except its last token `last`; `out[:n_out]` is the output.
     `draft[:draft_len]` is the current draft, `q_idx`/`q_prob` the distribution each draft token
-    was drawn from (unused under greedy decoding; the engine's is dense, q_idx the token ids written once). `stop_ids` [S] are one-token stops (padded with -1, which
-    no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
+    was drawn from (unused under greedy decoding; the engine's is dense: q_idx holds the token ids 0..support-1,
+    written here once, and a draft's Q is a write of its probabilities). `stop_ids` [S] are one-token stops
+    (padded with -1, which no token matches); `stop_seqs` [S, L] the stop sequences of several tokens, right-aligned and padded
     on the left with -1 (matches anything). `n_bonus` counts the verifications that accepted a whole
     non-empty draft and appended the bonus token drawn after it, `accepted_at[k]` the verifications that
     accepted draft token k (runtime/program.py: Step.fold). `context` [C]: the prompt's last C tokens,
@@ -142,7 +143,7 @@ class DecodeState(DeviceState):
         return cls(
             cache_len=scalar(0), last=scalar(0),
             draft=torch.zeros(1, width, dtype=torch.int64, device=device), draft_len=scalar(0),
-            q_idx=torch.zeros(1, width, support, dtype=torch.int64, device=device),
+            q_idx=torch.arange(support, device=device).expand(1, width, support).contiguous(),
             q_prob=torch.zeros(1, width, support, dtype=q_dtype, device=device),
             out=torch.zeros(1, out_len, dtype=torch.int64, device=device),
             n_out=scalar(0), done=scalar(False, torch.bool), seed=scalar(seed), offset=scalar(0),

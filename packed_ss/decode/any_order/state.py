@@ -40,8 +40,8 @@ class AnyOrderState(DeviceState):
     positions 0..E (E = `end`), the final output so far. Draft slots hold D_t: `draft_pos` (-1: empty),
     `draft_tok` (-1: a score without a token, Linear-SS), `draft_score` (nan: none) and the Q each
     sampled draft was drawn from (`q_prob`: dense, in token order). `rank_pos` is pi_t of the next call (-1
-    after u_t), chosen when the previous iteration ended. `stops` [S, Ls]: stop tokens and sequences, right-aligned, -1 matching any
-    token on the left, -2 (a row that matches nothing) in unused slots. `hold` asks the host for
+    after u_t), chosen when the previous iteration ended. `stops` [S, Ls]: stop tokens and sequences,
+    right-aligned, -1 matching any token on the left, -2 (a row that matches nothing) in unused slots. `hold` asks the host for
     `resume()`: more pending rows than the fixed call has N slots for.
     """
     prompt_len: torch.Tensor

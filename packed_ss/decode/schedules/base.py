@@ -77,8 +77,6 @@ class Schedule(Program):
                              device or self.device, out_len, stop_slots, sequences, sequence_slots,
                              len(request.prompt), q_dtype(self.model), request.prompt if self.looks_up else (),
                              CONTEXT if self.looks_up else 0, request.params)
-        if self.sampled:
-            st.q_idx.copy_(torch.arange(support, device=st.q_idx.device).expand_as(st.q_idx))
         return st
 
     def redraft(self, st: DecodeState) -> None:

@@ -54,7 +54,6 @@ class AnyOrderSchedule(Program):
         # the epilogue verifies a DecodeState: this one holds D_{t-1} in rank order, its Q and the RNG key
         support = model.cfg.vocab_size if sampled else 1
         self.ranked = DecodeState.new(width, support, 1, [], 0, self.device, q_dtype=q_dtype(model))
-        self.ranked.q_idx.copy_(torch.arange(support, device=self.device).expand_as(self.ranked.q_idx))  # dense Q
         self.block = width + 1   # an iteration resolves positions of a window that starts at n_out
         self.ranks = torch.arange(width, device=self.device)
         self.steps: list[Step] = [one_request(step) for step in self.build()]

@@ -27,7 +27,8 @@ import torch
 from ...decode.policy import QUIET
 from ...decode.sampling import SamplingParams
 from ...engine import SAMPLERS, Engine
-from ...model.loading import default_model_path, load_model
+from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
+from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
@@ -119,13 +120,15 @@ def trace(engine: Engine, prompt: list[int], max_new: int, seed: int) -> list[di
 
 
 def run(args) -> dict:
-    path = args.model or default_model_path("default")
-    model = load_model(path, dtype=torch.float32)
+    path = resolve_model(args.model)
+    model = load_model(path, dtype=dtype_named(args.dtype))
+    print(f"dtype {dtype_said(model)}", file=sys.stderr, flush=True)
     tokenized = [ids for _, ids in tokenized_prompts(load_tokenizer(path), args.sweep + args.limit)]
     sweep, scored = tokenized[:args.sweep], tokenized[args.sweep:]
-    candidates = engines(model, CANDIDATES, args.samplers)
+    configs = [CANDIDATES[i] for i in args.candidates]
+    candidates = engines(model, configs, args.samplers)
     others = [n for n in candidates if n.startswith("default~")]
-    total = len(args.batch_sizes) * (len(SETTINGS) * (len(CANDIDATES) * len(sweep) + 3 * len(scored))
+    total = len(args.batch_sizes) * (len(SETTINGS) * (len(configs) * len(sweep) + 3 * len(scored))
                                      + (len(SETTINGS) - 1) * len(others) * len(scored))
     bar = progress(total=total, desc="requests")
     swept, records, best = [], [], {}
@@ -159,6 +162,7 @@ def run(args) -> dict:
     return {"machine": {"processor": platform.processor() or platform.machine(), "cpu": cpu_name(),
                         "threads": torch.get_num_threads(), "torch": torch.__version__},
             "options": {k: v for k, v in vars(args).items() if k != "out"} | {"model": str(path)},
+            "dtype": str(model.dtype).removeprefix("torch."), "candidates": [name(c) for c in configs],
             "cells": cells, "records": [asdict(r) for r in records], "sweep": [asdict(r) for r in swept],
             "trace": story}
 
@@ -171,8 +175,9 @@ def trace_prompt(tokenizer) -> list[int]:
 
 def report(result: dict) -> str:
     m = result["machine"]
-    lines = [f"Default engine (adaptive) against AR and the best fixed configuration; {m['cpu']}, "
-             f"{m['threads']} threads, torch {m['torch']}; {result['options']['limit']} scored HumanEval prompts "
+    lines = [f"Default engine (adaptive) against AR and the best fixed configuration; {result['options']['model']}, "
+             f"{result['dtype']}; {m['cpu']}, {m['threads']} threads, torch {m['torch']}; "
+             f"{result['options']['limit']} scored HumanEval prompts "
              f"(sweep on {result['options']['sweep']} others), {result['options']['max_new_tokens']} new tokens.",
              "", "| setting | batch | default tok/s | AR tok/s | best fixed | its tok/s | tokens/call default | "
                  "default / AR [95%] | default / best [95%] |", "|---|---|---|---|---|---|---|---|---|"]
@@ -210,7 +215,13 @@ def plot(story: list[dict], path) -> None:
 def main(argv=None) -> int:
     p = bench_parser("python -m packed_ss bench-adaptive", __doc__)
     add_shared_args(p, FULL, QUICK, "adaptive.json, adaptive.md, adaptive-trace.png",
-                    "model directory (default: the shipped model)")
+                    "a model name (smollm2-135m, ...), directory or GGUF file (default: the shipped model)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32",
+                   help="weights' dtype; 'auto' is the one measured faster on this machine (default float32)")
+    p.add_argument("--candidates", type=int, nargs="+", default=list(range(len(CANDIDATES))),
+                   choices=range(len(CANDIDATES)), metavar="I",
+                   help="the fixed configurations swept for the best one, by index: "
+                        + ", ".join(f"{i} {name(c)}" for i, c in enumerate(CANDIDATES)) + " (default all)")
     p.add_argument("--sweep", type=int, default=None, help=f"prompts of the sweep (default {FULL['sweep']})")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None, help=f"default {FULL['batch_sizes']}")
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (default 0)")

@@ -1,7 +1,6 @@
 """Several callers on one Engine: generators consumed in turn and threads each get exactly what they get alone;
-sampled requests of any settings join one running batch and greedy ones another (packed_ss/runtime/scheduler.py),
-and a
-generator closed early frees its slot, which the next request takes, and leaves nothing held."""
+requests of any settings join one running batch (packed_ss/runtime/scheduler.py; greedy ones have a batch of
+their own while nothing sampled runs), and a generator closed early frees its slot, which the next request takes, and leaves nothing held."""
 import threading
 
 import pytest
@@ -293,6 +292,45 @@ def test_a_request_too_long_for_the_cache_joins_a_longer_one(model, batch_sizes)
         for i, s in enumerate(streams):
             got[i] += next(s, [])
     assert got == want and max(batch_sizes) == 2
+
+
+@pytest.mark.parametrize("sampler", ["rejection", "gumbel"])
+@pytest.mark.parametrize("schedule", ["packed", "ar", "lookup", "adaptive"])
+def test_a_greedy_request_joins_the_running_sampled_batch_where_it_costs_nothing(model64, schedule, sampler):
+    """A server's mixed traffic (Engine.request / add / step): under the rejection rule with a fixed schedule, a
+    greedy request added while a sampled one runs joins its batch, so every step is one model call for both;
+    under shared noise or the adaptive schedule it keeps a batch of its own (two calls per step; Engine.joining).
+    Either way each returns what it returns alone, and added while nothing sampled runs a greedy request decodes
+    in a batch of its own program."""
+    engine = packed_ss.Engine(model64, schedule=schedule, width=3, sampler=sampler)
+    greedy = dict(prompt_ids=PROMPTS[1], max_new_tokens=12, eos_token_id=[])
+    sampled = dict(prompt_ids=PROMPTS[0], max_new_tokens=40, eos_token_id=[], temperature=1.0, seed=7)
+    want = [engine.generate(**sampled).tokens, engine.generate(**greedy).tokens]
+    calls = []
+    hook = model64.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        groups = [engine.add(engine.request(**sampled))]
+        engine.step()
+        groups.append(engine.add(engine.request(**greedy)))
+        engine.step()                  # the greedy request's prefill
+        per_step = []
+        while not groups[1].done:
+            calls.clear()
+            engine.step()
+            per_step.append(len(calls))
+        while engine.step():
+            pass
+    finally:
+        hook.remove()
+    joins = sampler == "rejection" and schedule != "adaptive"
+    assert len(per_step) > 2 and set(per_step[:-1]) == ({1} if joins else {2})   # the last step may only read
+    assert [g.results[0].tokens for g in groups] == want
+    alone = engine.add(engine.request(**greedy))
+    engine.step()
+    assert not engine.runtime.scheduler(engine.program(packed_ss.decode.sampling.SamplingParams())).idle
+    while engine.step():
+        pass
+    assert alone.results[0].tokens == want[1]
 
 
 def test_request_level_interface(model):

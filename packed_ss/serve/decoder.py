@@ -74,11 +74,11 @@ class Decoder:
         """The request submitted, or an APIError: 400 naming the field the engine refused, 429 with the queue
         full."""
         try:
-            submission = self.engine.request(job.prompt_ids, max_new_tokens=job.max_tokens, **job.sampling)
+            request = self.engine.request(job.prompt_ids, max_new_tokens=job.max_tokens, **job.sampling)
         except ValueError as err:
             raise from_engine(err, job.chat) from None
         try:
-            pending = self.worker.submit(submission, len(job.prompt_ids))
+            pending = self.worker.submit(request, len(job.prompt_ids))
         except QueueFull as err:
             raise APIError(429, str(err), kind="rate_limit_error") from None
         return Opened(None, self._pieces(job, pending))

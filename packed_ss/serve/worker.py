@@ -2,11 +2,12 @@
 
 A handler checks its request (`engine.request(...)`, on the event loop, before anything runs) and `submit`s
 it. The thread adds up to `max_batch` of them to the engine (the rest wait, at most `max_waiting`: beyond
-that `submit` refuses); requests added together join the running batch at the same step, so they prefill in
-one call, and every step is one iteration of the whole batch (`engine.step()`), after which each request's
-new tokens go to its handler's asyncio queue through its event loop (one wake-up of the loop per step for all
-of them): the loop never blocks on decoding. A
-cancelled request (a client gone, a stop string reached) is aborted and its slot freed.
+that `submit` refuses). Requests added together join the running batch at the same step, so they prefill in
+one call; sampled ones are added first, so that greedy ones join their batch (Engine.joining). Every step is
+one iteration of the whole batch (`engine.step()`), after which each request's new tokens go to its
+handler's asyncio queue through its event loop (one wake-up of the loop per step for all of them): the loop
+never blocks on decoding. A cancelled request (a client gone, a stop string reached) is aborted and its slot
+freed.
 """
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ class QueueFull(Exception):
 
 @dataclass
 class Pending:
-    """A submitted request: its submission, the handler's loop and queue, its group in the engine once added,
+    """A submitted request: the checked request, the handler's loop and queue, its group in the engine once added,
     and whether it was cancelled. The queue receives ("tokens", list), then ("done", GenerateResult),
     ("error", exception) or ("aborted", its GenerateResult so far, or None if it had not started)."""
-    submission: object
+    request: object
     prompt_tokens: int
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -65,12 +66,12 @@ class DecodeWorker:
         self._thread.join(timeout=30)
 
     # -- the handlers' side (event loop thread) -------------------------------------------------------------
-    def submit(self, submission, prompt_tokens: int) -> Pending:
+    def submit(self, request, prompt_tokens: int) -> Pending:
         with self._count_lock:
             if self._queued >= self.max_waiting + max(0, self.max_batch - len(self.active)):
                 raise QueueFull(f"{self._queued} requests are waiting (--max-waiting {self.max_waiting})")
             self._queued += 1
-        pending = Pending(submission, prompt_tokens, asyncio.get_running_loop())
+        pending = Pending(request, prompt_tokens, asyncio.get_running_loop())
         self._inbox.put(pending)
         return pending
 
@@ -91,8 +92,10 @@ class DecodeWorker:
     def _run(self) -> None:
         while not self._stopping:
             self._take(block=not self.active and not self.waiting)
-            while self.waiting and len(self.active) < self.max_batch:
-                self._add(self.waiting.pop(0))
+            joining = self.waiting[:max(0, self.max_batch - len(self.active))]
+            del self.waiting[:len(joining)]
+            for pending in sorted(joining, key=lambda p: p.request.params.greedy):    # sampled ones first
+                self._add(pending)
             for pending in [p for p in self.active if p.cancelled]:
                 self.engine.abort(pending.group)
                 self._end(pending, "aborted", pending.group.results[0], request_aborted=1)
@@ -131,7 +134,7 @@ class DecodeWorker:
         with self._count_lock:
             self._queued -= 1
         try:
-            pending.group = self.engine.add(pending.submission)
+            pending.group = self.engine.add(pending.request)
         except ValueError as err:         # e.g. a K/V budget it cannot fit
             self.metrics.add(request_failure=1)
             self._send(pending, "error", err)

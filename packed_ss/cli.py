@@ -32,6 +32,8 @@ FORWARDED = {    # commands that parse their own options (the lab's, the server)
                                              "configuration, per sampling setting and batch size"),
     "bench-samplers": ("lab.bench.samplers", "the rejection rule against shared noise (tokens per call, speed)"),
     "bench-prefix": ("lab.bench.prefix", "the prefix cache's time to first token and the memory a batch holds"),
+    "bench-mixed": ("lab.bench.mixed", "greedy and sampled requests arriving together: one batch against a batch "
+                                       "per program"),
     "bench-serve": ("lab.bench.serve", "the server on loopback against generate_batch (throughput, latency)"),
     "bench-replicas": ("lab.bench.replicas", "the API on Ray Serve: 1 vs 2 engine replicas, prefix-aware routing vs "
                                              "round robin (the ray extra)"),

@@ -129,3 +129,25 @@ def test_bench_at_the_auto_width(tmp_path):
         assert result["meta"]["auto_widths"][name] == rows[name]["engine_width"]
         assert rows[name]["vs_ar"]["throughput_ratio"]["point"] > 0
     assert f"auto={rows['packed']['engine_width']}" in (out / "bench.md").read_text()
+
+
+@needs_bench_extra
+def test_quick_mixed_bench(tmp_path):
+    """bench-mixed end to end, in float64 (the tokens are the same both ways): with `ar` under the rejection rule
+    a greedy request joins the sampled batch (one call per step, fewer calls than two batches taking turns); the
+    default engine keeps them apart. The ratio's interval holds its point."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "packed_ss", "bench-mixed", "--quick", "--limit", "4", "--batch", "2",
+                           "--max-new-tokens", "8", "--engines", "ar", "default", "--dtype", "float64",
+                           "--resamples", "200", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "mixed.json").read_text())
+    engines = result["engines"]
+    assert set(engines) == {"ar", "default"} and result["greedy_per_unit"] == 1
+    assert engines["ar"]["greedy_joins_sampled"] and not engines["default"]["greedy_joins_sampled"]
+    for e in engines.values():
+        assert e["same_tokens"]
+        assert e["calls"]["one batch"] < e["calls"]["a batch per program"]
+        assert e["ratio"]["lo"] <= e["ratio"]["point"] <= e["ratio"]["hi"]
+    assert len(result["records"]) == 2 * 2 * 2          # engines x ways x units
+    assert "| ar | one batch |" in (out / "mixed.md").read_text()

@@ -27,12 +27,12 @@ import torch
 from ...decode.policy import QUIET
 from ...decode.sampling import SamplingParams
 from ...engine import SAMPLERS, Engine
-from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
+from ...model.loading import dtype_named, dtype_said, load_model
 from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
-from .options import add_shared_args, apply_preset, bench_parser, cpu_name
+from .options import add_model_args, apply_preset, bench_parser, cpu_name
 from .report import pyplot
 from .stats import bootstrap_counts, paired, per_prompt
 
@@ -214,10 +214,7 @@ def plot(story: list[dict], path) -> None:
 
 def main(argv=None) -> int:
     p = bench_parser("python -m packed_ss bench-adaptive", __doc__)
-    add_shared_args(p, FULL, QUICK, "adaptive.json, adaptive.md, adaptive-trace.png",
-                    "a model name (smollm2-135m, ...), directory or GGUF file (default: the shipped model)")
-    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32",
-                   help="weights' dtype; 'auto' is the one measured faster on this machine (default float32)")
+    add_model_args(p, "adaptive.json, adaptive.md, adaptive-trace.png", FULL, QUICK)
     p.add_argument("--candidates", type=int, nargs="+", default=list(range(len(CANDIDATES))),
                    choices=range(len(CANDIDATES)), metavar="I",
                    help="the fixed configurations swept for the best one, by index: "

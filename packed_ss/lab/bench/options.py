@@ -1,10 +1,12 @@
-"""Command-line options both benchmarks share: output directory, model, the HumanEval prompt count and
+"""Command-line options the benchmarks share: output directory, model (and its dtype), the HumanEval prompt count and
 response length with their full and --quick presets, the bootstrap and the thread count, and widths."""
 from __future__ import annotations
 
 import argparse
 import platform
 from pathlib import Path
+
+from ...model.loading import DTYPE_NAMES
 
 
 def width(text: str) -> int | str:
@@ -31,6 +33,14 @@ def add_shared_args(p: argparse.ArgumentParser, full: dict, quick: dict, outputs
     p.add_argument("--max-new-tokens", type=int, default=None, help=f"default {full['max_new_tokens']}")
     p.add_argument("--resamples", type=int, default=20000, help="bootstrap resamples (default 20000)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+
+
+def add_model_args(p: argparse.ArgumentParser, outputs: str, full: dict, quick: dict) -> None:
+    """The shared options of a benchmark that runs any model: a named one, a directory or a GGUF file, in a dtype."""
+    add_shared_args(p, full, quick, outputs,
+                    "a model name (smollm2-135m, ...), directory or GGUF file (default: the shipped model)")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32",
+                   help="weights' dtype; 'auto' is the one measured faster on this machine (default float32)")
 
 
 def apply_preset(args, full: dict, quick: dict) -> None:

@@ -230,15 +230,8 @@ class Engine:
 
     def joining(self, params: SamplingParams):
         """The program whose batch requests like `params` join now: their own (`program`), except that a greedy
-        request joins the running sampled batch where that costs it nothing, so that greedy and sampled requests
-        share one batch and one model call per step rather than two batches taking turns. It decodes there
-        exactly as alone. Under the rejection rule with a fixed schedule the sampled program runs the greedy one's
-        call shapes, and a greedy row verifies greedily: one batch measured 1.04x (packed W = 3) and 1.43x (ar)
-        the throughput of two, both kinds of request faster. The adaptive program's sampled shapes are priced for
-        sampled rows (and under the rejection rule narrowed), so there greedy requests bet less: 2.3-3.4x slower
-        in one batch, at 0.94-0.97x the throughput; under shared noise with a fixed schedule the readings went
-        both ways. Those keep a batch of their own (bench/RESULTS.md, "Greedy and sampled requests in one
-        batch")."""
+        request joins the running sampled batch where that costs it nothing (`greedy_joins_sampled`), so that the
+        two share one model call per step rather than two batches taking turns. It decodes there exactly as alone."""
         sampled = self._programs.get(True)
         if params.greedy and self.greedy_joins_sampled and sampled is not None \
                 and not self.runtime.scheduler(sampled).idle:
@@ -247,7 +240,11 @@ class Engine:
 
     @property
     def greedy_joins_sampled(self) -> bool:
-        """Whether greedy requests join a running sampled batch (`joining`)."""
+        """Whether greedy requests join a running sampled batch (`joining`): under the rejection rule with a fixed
+        schedule, whose sampled program runs the greedy one's call shapes, one batch measured 1.04-1.43x the
+        throughput of two, both kinds of request faster. The adaptive program's sampled shapes are priced (and
+        under the rejection rule narrowed) for sampled rows: there greedy requests ran 2.3-3.4x slower in one
+        batch, at 0.94-0.97x the throughput (bench/RESULTS.md, "Greedy and sampled requests in one batch")."""
         return self.sampler == "rejection" and self.schedule_name != ADAPTIVE
 
     def _build(self, width: int, sampled: bool, epilogue: str):

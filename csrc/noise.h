@@ -49,7 +49,8 @@ PSS_HD int64_t race_entry(int64_t seed, int64_t position, const T* prob, const i
 }
 
 // The race of a dense row on the CPU: the same decisions as race_entry, the uniforms made first, a chunk at a
-// time and one Philox block per pair of tokens (a loop the compiler can vectorise).
+// time and one Philox block per pair of tokens (a loop the compiler can vectorise). A chunk whose every p is 0
+// (tokens that top-k or top-p removed) takes no part, so its uniforms are not made.
 template <typename T>
 int64_t race_dense_cpu(int64_t seed, int64_t position, const T* prob, int64_t k) {
   constexpr int64_t kChunk = 512;
@@ -59,6 +60,9 @@ int64_t race_dense_cpu(int64_t seed, int64_t position, const T* prob, int64_t k)
   double best = 0.0;
   for (int64_t c = 0; c < k; c += kChunk) {
     const int64_t n = imin(kChunk, k - c);
+    bool drawn = false;
+    for (int64_t i = 0; i < n; ++i) drawn |= prob[c + i] > T(0);
+    if (!drawn) continue;
     for (int64_t i = 0; i < n; i += 2) {
       const Philox4 r = philox4x32_10(static_cast<uint32_t>((c + i) >> 1), static_cast<uint32_t>(o),
                                       static_cast<uint32_t>(o >> 32), kNoiseStream, static_cast<uint32_t>(s),

@@ -163,9 +163,10 @@ def test_noise_reused_across_positions_is_flagged(monkeypatch):
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=20), SamplingParams(1.0, top_p=0.9)],
                          ids=["dense", "top-k", "top-p"])
 def test_native_race_equals_the_torch_race(params, dtype):
-    """The native race (csrc/noise.h, with its pruning and its chunked dense loop) picks the torch reference's
-    token in every row: vocabularies of odd and even sizes around its chunk, keys with high bits, float32 and
-    float64 probabilities; its uniforms are the reference's bit for bit."""
+    """The native race (csrc/noise.h, with its pruning and its chunked dense loop, which skips chunks of zeros)
+    picks the torch reference's token in every row: vocabularies of odd and even sizes around its chunk, kept
+    tokens in a few chunks only, keys with high bits, float32 and float64 probabilities; its uniforms are the
+    reference's bit for bit."""
     if not native_available(torch.device("cpu")):
         pytest.skip("the native module is not built")
     gen = torch.Generator().manual_seed(0)
@@ -182,6 +183,10 @@ def test_native_race_equals_the_torch_race(params, dtype):
                 races.append((top[..., :support].contiguous(), idx[..., :support].contiguous()))
             for p, idx in races:
                 assert torch.equal(noise_race(seed, position, p, idx), shared_noise.torch_race(seed, position, p, idx))
+    for kept in ([0, 3], [600, 1000], [4090, 4094], [511, 512], [4095]):    # every other chunk all zeros (skipped)
+        prob = torch.zeros(2, 5, 4096, dtype=dtype)
+        prob[..., kept] = torch.rand(2, 5, len(kept), generator=gen, dtype=dtype) + 0.1
+        assert torch.equal(noise_race(seed, position, prob, None), shared_noise.torch_race(seed, position, prob, None))
     tokens = torch.arange(9)
     want = torch.exp(-exponential_noise(torch.tensor(5), torch.tensor(2**33 + 1), tokens))
     assert [native_module().noise_uniform(5, 2**33 + 1, x) for x in range(9)] == pytest.approx(want.tolist(), rel=1e-15)

@@ -179,18 +179,18 @@ PYBIND11_MODULE(_epilogue, m) {
   m.def(
       "race_cpu",
       [](uintptr_t seed, uintptr_t position, int64_t n_rows, int64_t rows_per_seed, uintptr_t prob, int32_t prob_bits,
-         uintptr_t idx, int64_t k, uintptr_t tokens) {
+         uintptr_t idx, int64_t k, uintptr_t tokens, int64_t threads) {
         const auto* s = as_ptr<const int64_t>(seed);
         const auto* at = as_ptr<const int64_t>(position);
         if (prob_bits == 32)
-          race_rows_cpu(s, at, n_rows, rows_per_seed, as_ptr<const float>(prob), as_ptr<const int64_t>(idx), k,
-                        as_ptr<int64_t>(tokens));
+          race_cpu(s, at, n_rows, rows_per_seed, as_ptr<const float>(prob), as_ptr<const int64_t>(idx), k,
+                   as_ptr<int64_t>(tokens), threads);
         else
-          race_rows_cpu(s, at, n_rows, rows_per_seed, as_ptr<const double>(prob), as_ptr<const int64_t>(idx), k,
-                        as_ptr<int64_t>(tokens));
+          race_cpu(s, at, n_rows, rows_per_seed, as_ptr<const double>(prob), as_ptr<const int64_t>(idx), k,
+                   as_ptr<int64_t>(tokens), threads);
       },
       "tokens[r] = the shared-noise sample of row r of prob [n_rows, k] (idx [n_rows, k] or 0: dense), keyed by "
-      "(seed[r / rows_per_seed], position[r]) (noise.h)");
+      "(seed[r / rows_per_seed], position[r]), on up to `threads` threads (noise.h)");
 #ifdef PSS_WITH_CUDA
   def_step(
       m, "step_cuda",

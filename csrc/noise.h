@@ -2,12 +2,14 @@
 // sample is the token x of largest p(x) / E(seed, position, x), E = -log(u) standard exponential noise, with
 // the uniform u of packed_ss.decode.sampling.exponential_noise bit for bit: token x takes words 2 (x % 2),
 // 2 (x % 2) + 1 of the Philox4x32-10 block at counter (x / 2, position lo, position hi, kNoiseStream), key
-// (seed lo, seed hi), 53 bits in (0, 1). Rows are independent: the CPU loop below runs them one after the
-// other, the CUDA kernel (noise.cu) one thread block per row.
+// (seed lo, seed hi), 53 bits in (0, 1). Rows are independent: the CPU loop below runs them in parts on a few
+// threads, the CUDA kernel (noise.cu) one thread block per row.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <thread>
+#include <vector>
 
 #include "epilogue.h"
 
@@ -87,11 +89,11 @@ int64_t race_dense_cpu(int64_t seed, int64_t position, const T* prob, int64_t k)
 }
 
 // tokens[r] = the shared-noise sample of row r (prob [n_rows, k], idx [n_rows, k] or null), keyed by
-// (seed[r / rows_per_seed], position[r]).
+// (seed[r / rows_per_seed], position[r]), for rows begin <= r < end.
 template <typename T>
-void race_rows_cpu(const int64_t* seed, const int64_t* position, int64_t n_rows, int64_t rows_per_seed, const T* prob,
-                   const int64_t* idx, int64_t k, int64_t* tokens) {
-  for (int64_t r = 0; r < n_rows; ++r) {
+void race_rows_cpu(const int64_t* seed, const int64_t* position, int64_t begin, int64_t end, int64_t rows_per_seed,
+                   const T* prob, const int64_t* idx, int64_t k, int64_t* tokens) {
+  for (int64_t r = begin; r < end; ++r) {
     double best = 0.0;
     const int64_t key = seed[r / rows_per_seed];
     const int64_t* row_idx = idx ? idx + r * k : nullptr;
@@ -100,6 +102,23 @@ void race_rows_cpu(const int64_t* seed, const int64_t* position, int64_t n_rows,
     const int64_t e = j < 0 ? 0 : j;
     tokens[r] = row_idx ? row_idx[e] : e;
   }
+}
+
+constexpr int64_t kRaceEntriesPerThread = 1 << 16;  // a thread of the CPU race takes at least this many entries
+
+// race_rows_cpu over every row, split into contiguous parts on up to `threads` threads (the caller's, torch's
+// intra-op count) when the rows hold enough entries to pay for them. Rows are independent: the same tokens
+// whatever the split.
+template <typename T>
+void race_cpu(const int64_t* seed, const int64_t* position, int64_t n_rows, int64_t rows_per_seed, const T* prob,
+              const int64_t* idx, int64_t k, int64_t* tokens, int64_t threads) {
+  const int64_t parts = imax(1, imin(imin(threads, n_rows), n_rows * k / kRaceEntriesPerThread));
+  std::vector<std::thread> helpers;
+  for (int64_t t = 1; t < parts; ++t)
+    helpers.emplace_back(race_rows_cpu<T>, seed, position, n_rows * t / parts, n_rows * (t + 1) / parts,
+                         rows_per_seed, prob, idx, k, tokens);
+  race_rows_cpu(seed, position, 0, n_rows / parts, rows_per_seed, prob, idx, k, tokens);
+  for (auto& helper : helpers) helper.join();
 }
 
 }  // namespace pss

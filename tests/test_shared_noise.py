@@ -192,6 +192,24 @@ def test_native_race_equals_the_torch_race(params, dtype):
     assert [native_module().noise_uniform(5, 2**33 + 1, x) for x in range(9)] == pytest.approx(want.tolist(), rel=1e-15)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_native_race_splits_rows_over_threads(threads):
+    """Enough entries (5 x 7 rows of 8,192) for the CPU race to split its rows over torch's intra-op threads: every
+    split picks the torch reference's tokens."""
+    if not native_available(torch.device("cpu")):
+        pytest.skip("the native module is not built")
+    gen = torch.Generator().manual_seed(1)
+    prob = torch.softmax(torch.randn(5, 7, 8192, generator=gen, dtype=torch.float64), -1)
+    seed, position = torch.arange(5) + 11, torch.arange(35).reshape(5, 7)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tokens = noise_race(seed, position, prob, None)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(tokens, shared_noise.torch_race(seed, position, prob, None))
+
+
 def sorted_rule(prob: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """The reference rule of one distribution prob [V]: sort it (decreasing), keep the top_k first (0: all),
     renormalise, then keep the tokens whose mass before them is below top_p (1: all); a bool mask [V]."""

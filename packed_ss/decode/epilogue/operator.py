@@ -67,7 +67,7 @@ def noise_race(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor, i
     if tokens.is_cuda:
         mod.race_cuda(*args, torch.cuda.current_stream(tokens.device).cuda_stream)
     else:
-        mod.race_cpu(*args)
+        mod.race_cpu(*args, torch.get_num_threads())
     return tokens
 
 

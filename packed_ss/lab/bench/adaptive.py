@@ -67,8 +67,10 @@ def name(config) -> str:
 
 def engines(model, configs, samplers=()) -> dict[str, Engine]:
     """The default engine, AR, each fixed configuration, and the default engine under each of `samplers` rather than
-    its own choice ("default~gumbel": at temperature > 0 only, greedy decoding does not sample)."""
-    made = {"default": Engine(model), "ar": Engine(model, schedule="ar")}
+    its own choice ("default~gumbel": at temperature > 0 only, greedy decoding does not sample). AR is plain
+    sampling, the peer a user would pick (the rejection rule's AR step draws from the row's truncated
+    distribution), whatever sampler the model's profile names for drafting schedules."""
+    made = {"default": Engine(model), "ar": Engine(model, schedule="ar", sampler="rejection")}
     made |= {f"default~{s}": Engine(model, sampler=s) for s in samplers}
     for config in configs:
         schedule, width, drafts = config

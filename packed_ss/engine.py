@@ -240,11 +240,10 @@ class Engine:
 
     @property
     def greedy_joins_sampled(self) -> bool:
-        """Whether greedy requests join a running sampled batch (`joining`): with a fixed schedule, whose sampled
-        program runs the greedy one's call shapes, one batch measured 1.04-1.43x the throughput of two on the 4M
-        model and SmolLM2-135M, both kinds of request faster but in one reading. The adaptive program's sampled
-        shapes are priced (and under the rejection rule narrowed) for sampled rows: there the 4M model's greedy
-        requests ran 2.3-3.4x slower in one batch (bench/RESULTS.md, "Greedy and sampled requests in one batch")."""
+        """Whether greedy requests join a running sampled batch (`joining`): with a fixed schedule (its sampled
+        program runs the greedy one's call shapes) one batch measured 1.04-1.43x the throughput of two; with the
+        adaptive one, whose sampled shapes are priced for sampled rows, the 4M model's greedy requests ran 2.3-3.4x
+        slower (bench/RESULTS.md, "Greedy and sampled requests in one batch")."""
         return self.schedule_name != ADAPTIVE
 
     def _build(self, width: int, sampled: bool, epilogue: str):

@@ -50,14 +50,40 @@ PSS_HD int64_t race_entry(int64_t seed, int64_t position, const T* prob, const i
   return won;
 }
 
+#if !defined(__CUDACC__)  // the CPU race: host code of module.cpp alone
+
+// Functions the compiler also builds for AVX-512 (x86-64-v4), the build picked when the module loads: the
+// Philox rounds then run on 8 pairs of tokens at once.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PSS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
+#else
+#define PSS_CPU_CLONES
+#endif
+
+// u[j] = noise_uniform(seed, position, 2 first_pair + j) for j < 2 pairs, bit for bit: one Philox block per
+// pair of tokens, its rounds written lane by lane so the loop over pairs vectorises.
+PSS_CPU_CLONES static void noise_uniforms(int64_t seed, int64_t position, int64_t first_pair, int64_t pairs,
+                                          double* u) {
+  const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(position);
+  const uint32_t c1 = static_cast<uint32_t>(o), c2 = static_cast<uint32_t>(o >> 32);
+  const uint32_t k0 = static_cast<uint32_t>(s), k1 = static_cast<uint32_t>(s >> 32);
+  for (int64_t p = 0; p < pairs; ++p) {
+    const Philox4 r = philox4x32_10(static_cast<uint32_t>(first_pair + p), c1, c2, kNoiseStream, k0, k1);
+    // below 2^53: exact through int64, which vectorises where uint64 to double does not
+    u[2 * p] = (static_cast<double>(static_cast<int64_t>((static_cast<uint64_t>(r.v[0] >> 5) << 26) + (r.v[1] >> 6))) +
+                0.5) * (1.0 / 9007199254740992.0);
+    u[2 * p + 1] = (static_cast<double>(static_cast<int64_t>((static_cast<uint64_t>(r.v[2] >> 5) << 26) + (r.v[3] >> 6))) +
+                    0.5) * (1.0 / 9007199254740992.0);
+  }
+}
+
 // The race of a dense row on the CPU: the same decisions as race_entry, the uniforms made first, a chunk at a
-// time and one Philox block per pair of tokens (a loop the compiler can vectorise). A chunk whose every p is 0
-// (tokens that top-k or top-p removed) takes no part, so its uniforms are not made.
+// time (noise_uniforms). A chunk whose every p is 0 (tokens that top-k or top-p removed) takes no part, so its
+// uniforms are not made.
 template <typename T>
 int64_t race_dense_cpu(int64_t seed, int64_t position, const T* prob, int64_t k) {
   constexpr int64_t kChunk = 512;
   double u[kChunk];
-  const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(position);
   int64_t won = -1;
   double best = 0.0;
   for (int64_t c = 0; c < k; c += kChunk) {
@@ -65,15 +91,7 @@ int64_t race_dense_cpu(int64_t seed, int64_t position, const T* prob, int64_t k)
     bool drawn = false;
     for (int64_t i = 0; i < n; ++i) drawn |= prob[c + i] > T(0);
     if (!drawn) continue;
-    for (int64_t i = 0; i < n; i += 2) {
-      const Philox4 r = philox4x32_10(static_cast<uint32_t>((c + i) >> 1), static_cast<uint32_t>(o),
-                                      static_cast<uint32_t>(o >> 32), kNoiseStream, static_cast<uint32_t>(s),
-                                      static_cast<uint32_t>(s >> 32));
-      u[i] = (static_cast<double>((static_cast<uint64_t>(r.v[0] >> 5) << 26) + (r.v[1] >> 6)) + 0.5) *
-             (1.0 / 9007199254740992.0);
-      u[i + 1] = (static_cast<double>((static_cast<uint64_t>(r.v[2] >> 5) << 26) + (r.v[3] >> 6)) + 0.5) *
-                 (1.0 / 9007199254740992.0);
-    }
+    noise_uniforms(seed, position, c / 2, (n + 1) / 2, u);
     for (int64_t i = 0; i < n; ++i) {
       const double p = static_cast<double>(prob[c + i]);
       if (!(p > 0.0)) continue;
@@ -120,5 +138,7 @@ void race_cpu(const int64_t* seed, const int64_t* position, int64_t n_rows, int6
   race_rows_cpu(seed, position, 0, n_rows / parts, rows_per_seed, prob, idx, k, tokens);
   for (auto& helper : helpers) helper.join();
 }
+
+#endif  // !defined(__CUDACC__)
 
 }  // namespace pss

@@ -130,18 +130,19 @@ def run(args) -> dict:
     configs = [CANDIDATES[i] for i in args.candidates]
     candidates = engines(model, configs, args.samplers)
     others = [n for n in candidates if n.startswith("default~")]
-    total = len(args.batch_sizes) * (len(SETTINGS) * (len(configs) * len(sweep) + 3 * len(scored))
-                                     + (len(SETTINGS) - 1) * len(others) * len(scored))
+    sampled = [s for s in args.settings if SETTINGS[s]]
+    total = len(args.batch_sizes) * (len(args.settings) * (len(configs) * len(sweep) + 3 * len(scored))
+                                     + len(sampled) * len(others) * len(scored))
     bar = progress(total=total, desc="requests")
     swept, records, best = [], [], {}
-    for setting in SETTINGS:
+    for setting in args.settings:
         for batch in args.batch_sizes:
             fixed = {n: e for n, e in candidates.items() if n not in ["default", "ar"] + others}
             trial = decode_units(fixed, sweep, batch, setting, args.max_new_tokens, args.seed + 10_000, bar)
             swept += trial
             best[(setting, batch)] = max(fixed, key=lambda n: throughput([r for r in trial if r.method == n]))
-            sampled = others if SETTINGS[setting] else []
-            chosen = {n: candidates[n] for n in ["default", "ar", best[(setting, batch)]] + sampled}
+            chosen = {n: candidates[n] for n in ["default", "ar", best[(setting, batch)]]
+                      + (others if setting in sampled else [])}
             records += decode_units(chosen, scored, batch, setting, args.max_new_tokens, args.seed, bar)
     bar.close()
     cells = []
@@ -223,6 +224,8 @@ def main(argv=None) -> int:
                         + ", ".join(f"{i} {name(c)}" for i, c in enumerate(CANDIDATES)) + " (default all)")
     p.add_argument("--sweep", type=int, default=None, help=f"prompts of the sweep (default {FULL['sweep']})")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None, help=f"default {FULL['batch_sizes']}")
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS,
+                   help="sampling settings to run (default all)")
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (default 0)")
     p.add_argument("--samplers", nargs="+", default=[], choices=SAMPLERS,
                    help="samplers to score the default engine under besides its own choice, at temperature > 0, "

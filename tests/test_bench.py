@@ -151,3 +151,48 @@ def test_quick_mixed_bench(tmp_path):
         assert e["ratio"]["lo"] <= e["ratio"]["point"] <= e["ratio"]["hi"]
     assert len(result["records"]) == 2 * 2 * 2          # engines x ways x units
     assert "| ar | one batch |" in (out / "mixed.md").read_text()
+
+
+@needs_bench_extra
+def test_quick_adaptive_bench(tmp_path):
+    """bench-adaptive end to end on the settings asked for: a cell per (setting, batch size), AR at one token per
+    call, the best fixed configuration one of the candidates swept, each ratio's interval holding its point, every
+    method decoding every unit, and the trace of a streamed request."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "packed_ss", "bench-adaptive", "--quick", "--limit", "4", "--sweep",
+                           "2", "--max-new-tokens", "8", "--batch-sizes", "2", "--candidates", "1", "4",
+                           "--settings", "T=0", "T=1", "--dtype", "float64", "--resamples", "200",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "adaptive.json").read_text())
+    assert result["candidates"] == ["packed W=3 +diffusion", "lookup W=4"]
+    assert [(c["setting"], c["batch"]) for c in result["cells"]] == [("T=0", 2), ("T=1", 2)]
+    for cell in result["cells"]:
+        assert cell["best_fixed"] in result["candidates"]
+        assert cell["tokens_per_call"]["ar"] == 1.0 and cell["tokens_per_call"]["default"] >= 1.0
+        for ratio in (cell["vs_ar"], cell["vs_best"]):
+            assert ratio["lo"] <= ratio["point"] <= ratio["hi"]
+    assert len(result["records"]) == 2 * 3 * 2            # settings x (default, AR, best fixed) x units
+    assert result["trace"] and all(step["tokens"] >= 1 for step in result["trace"])
+    assert (out / "adaptive-trace.png").stat().st_size > 0
+    bad = subprocess.run([sys.executable, "-m", "packed_ss", "bench-adaptive", "--settings", "T=2", "--out",
+                          str(out)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--settings" in bad.stderr
+
+
+def test_quick_prefix_bench(tmp_path):
+    """bench-prefix's time-to-first-token and memory parts end to end on the shipped model: the rounds after the
+    head is published take most of their prompt from the prefix cache, the ratio's interval holds its mean, and
+    the pages a batch holds stay within the bound the pool promises, below a contiguous cache's reservation."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "packed_ss", "bench-prefix", "--quick", "--parts", "ttft", "memory",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "prefix.json").read_text())
+    assert set(result) == {"machine", "options", "ttft", "memory"}
+    ttft, memory = result["ttft"], result["memory"]
+    assert len(ttft["hit_s"]) == len(ttft["miss_s"]) == result["options"]["rounds"]
+    assert ttft["hit_rate"] > 0.5
+    assert ttft["ratio_lo"] <= ttft["ratio_mean"] <= ttft["ratio_hi"]
+    assert memory["excess_slots_per_request_max"] <= memory["bound_slots"] < memory["contiguous_slots_per_request"]
+    assert "prefix cache hit" in (out / "prefix.md").read_text()

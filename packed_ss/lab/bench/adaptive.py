@@ -27,12 +27,10 @@ import torch
 from ...decode.policy import QUIET
 from ...decode.sampling import SamplingParams
 from ...engine import SAMPLERS, Engine
-from ...model.loading import dtype_named, dtype_said, load_model
-from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
-from .options import add_model_args, apply_preset, bench_parser, cpu_name
+from .options import add_model_args, apply_preset, bench_parser, cpu_name, load_bench_model
 from .report import pyplot
 from .stats import bootstrap_counts, paired, per_prompt
 
@@ -122,9 +120,7 @@ def trace(engine: Engine, prompt: list[int], max_new: int, seed: int) -> list[di
 
 
 def run(args) -> dict:
-    path = resolve_model(args.model)
-    model = load_model(path, dtype=dtype_named(args.dtype))
-    print(f"dtype {dtype_said(model)}", file=sys.stderr, flush=True)
+    path, model = load_bench_model(args)
     tokenized = [ids for _, ids in tokenized_prompts(load_tokenizer(path), args.sweep + args.limit)]
     sweep, scored = tokenized[:args.sweep], tokenized[args.sweep:]
     configs = [CANDIDATES[i] for i in args.candidates]

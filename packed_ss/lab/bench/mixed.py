@@ -29,12 +29,10 @@ import torch
 
 from ...decode.sampling import SamplingParams
 from ...engine import Engine
-from ...model.loading import dtype_named, dtype_said, load_model
-from ...model.sources import resolve_model
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
-from .options import add_model_args, apply_preset, bench_parser, cpu_name
+from .options import add_model_args, apply_preset, bench_parser, cpu_name, load_bench_model
 from .stats import bootstrap_counts, paired, per_prompt
 
 SAMPLED = dict(temperature=0.7, top_p=0.95)
@@ -65,22 +63,21 @@ class Record:
 
 def decode_unit(engine: Engine, prompts: list[list[int]], first: int, greedy: int, max_new: int, seed: int,
                 one_batch: bool) -> tuple[list, int]:
-    """The unit's requests (the first `greedy` greedy, the others sampled) added at once, sampled ones first, and
-    stepped until done: their GenerateResults, and the model calls made."""
+    """The unit's requests (the first `greedy` greedy, the others sampled) added at once, to the sampled program
+    (`one_batch`) or each to its own, and stepped until done: their GenerateResults, and the model calls made."""
     requests = [engine.request(ids, max_new, seed=seed + first + i, **({} if i < greedy else SAMPLED))
                 for i, ids in enumerate(prompts)]
     shared = engine.program(SamplingParams(**SAMPLED))
     calls = []
     hook = engine.model.register_forward_hook(lambda *_: calls.append(1))
     try:
-        groups = {i: engine.runtime.add(shared if one_batch else engine.program(requests[i].params), [requests[i]],
-                                        1, stream=False)
-                  for i in sorted(range(len(requests)), key=lambda i: requests[i].params.greedy)}
+        groups = [engine.runtime.add(shared if one_batch else engine.program(r.params), [r], 1, stream=False)
+                  for r in requests]
         while engine.step():
             pass
     finally:
         hook.remove()
-    return [groups[i].results[0] for i in range(len(requests))], len(calls)
+    return [group.results[0] for group in groups], len(calls)
 
 
 def measure(engine: Engine, name: str, prompts: list[list[int]], greedy: int, args, bar) -> tuple[list, bool]:
@@ -117,9 +114,7 @@ def summary(records: list[Record], greedy: int, batch: int, args) -> dict:
 
 
 def run(args) -> dict:
-    path = resolve_model(args.model)
-    model = load_model(path, dtype=dtype_named(args.dtype))
-    print(f"dtype {dtype_said(model)}", file=sys.stderr, flush=True)
+    path, model = load_bench_model(args)
     prompts = [ids for _, ids in tokenized_prompts(load_tokenizer(path), args.limit)]
     greedy = min(max(round(args.greedy_share * args.batch), 1), args.batch - 1)
     bar = progress(total=2 * len(prompts) * len(args.engines), desc="requests")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 from pathlib import Path
 
-from ...model.loading import DTYPE_NAMES
+from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
+from ...model.sources import resolve_model
 
 
 def width(text: str) -> int | str:
@@ -41,6 +43,15 @@ def add_model_args(p: argparse.ArgumentParser, outputs: str, full: dict, quick: 
                     "a model name (smollm2-135m, ...), directory or GGUF file (default: the shipped model)")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32",
                    help="weights' dtype; 'auto' is the one measured faster on this machine (default float32)")
+
+
+def load_bench_model(args, **kwargs):
+    """The path and the model that --model and --dtype name (kwargs: load_model's others), its dtype said on
+    stderr."""
+    path = resolve_model(args.model)
+    model = load_model(path, dtype=dtype_named(args.dtype), **kwargs)
+    print(f"{path.name}: dtype {dtype_said(model)}", file=sys.stderr, flush=True)
+    return path, model
 
 
 def apply_preset(args, full: dict, quick: dict) -> None:

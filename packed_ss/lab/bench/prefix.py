@@ -33,7 +33,6 @@ import inspect
 import json
 import multiprocessing
 import platform
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -43,10 +42,9 @@ import torch
 
 from ...decode.sampling import SamplingParams
 from ...engine import Engine
-from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
-from ...model.sources import resolve_model
+from ...model.loading import DTYPE_NAMES
 from ...model.tokenizer import load_tokenizer
-from .options import bench_parser, cpu_name
+from .options import apply_preset, bench_parser, cpu_name, load_bench_model
 from .serve import client_process, serve_in_thread
 from .stats import bootstrap_counts
 
@@ -261,18 +259,14 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default all)")
     args = p.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    apply_preset(args, FULL, QUICK)
     torch.set_num_threads(args.threads)
-    path = resolve_model(args.model)
-    model = load_model(path, dtype=dtype_named(args.dtype))
+    path, model = load_bench_model(args)
     tokenizer = load_tokenizer(path)
     for head, tail in ((args.prefix, args.suffix + 8), (args.system, args.suffix + args.reply)):
         if head + tail > model.cfg.max_seq_len:
             p.error(f"--prefix + --suffix + 8 and --system + --suffix + --reply must fit the model's "
                     f"{model.cfg.max_seq_len} positions")
-    print(f"bench-prefix: {path.name}, dtype {dtype_said(model)}", file=sys.stderr)
     result = {"machine": {"model": path.name, "dtype": str(model.dtype).removeprefix("torch."), "cpu": cpu_name(),
                           "processor": platform.processor(), "threads": args.threads, "torch": torch.__version__},
               "options": {k: getattr(args, k) for k in FULL}}

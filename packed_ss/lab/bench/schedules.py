@@ -36,14 +36,13 @@ import torch
 from ...decode.registry import schedules
 from ...decode.schedules import DRAFT_SOURCES
 from ...engine import SAMPLERS
-from ...model.loading import DTYPE_NAMES, dtype_named, dtype_said, load_model
-from ...model.sources import resolve_model
+from ...model.loading import DTYPE_NAMES
 from ...model.tokenizer import load_tokenizer
 from ..humaneval import tokenized_prompts
 from ..progress import progress
 from .latency import engine_capacity, measure_latency
 from .methods import HF, CallTimer, Ours, load_hf
-from .options import add_shared_args, apply_preset, cpu_name, width
+from .options import add_shared_args, apply_preset, cpu_name, load_bench_model, width
 from .report import plot_latency, plot_ratios, schedules_markdown, write_results
 from .stats import bootstrap_counts, paired, per_prompt
 
@@ -77,11 +76,9 @@ class ScheduleRecord:
 def run(args) -> dict:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     torch.set_num_threads(args.threads)
-    path = resolve_model(args.model)
     adapter = {"auto": "auto", "none": None}.get(args.draft_adapter, args.draft_adapter)
-    model = load_model(path, device=args.device, dtype=dtype_named(args.dtype), draft_adapter=adapter)
+    path, model = load_bench_model(args, device=args.device, draft_adapter=adapter)
     dtype = model.dtype
-    log(f"dtype {dtype_said(model)}")
     prompts = tokenized_prompts(load_tokenizer(path), args.limit)
     lengths = [len(ids) for _, ids in prompts]
     start, load0 = time.perf_counter(), os.getloadavg()[0]

@@ -169,6 +169,25 @@ def test_the_choice_weighs_expected_tokens_against_cost(hit, batch, want):
     assert chosen == ("quiet" if want == Shape(0) else want) and (st.choice == st.choice[0]).all()   # AR: it dozes
 
 
+@pytest.mark.parametrize("batch,drafted,want", [
+    (1, 1, Shape(3)),       # alone, a gained token is a token
+    (8, 8, Shape(3)),       # a batch that gains alike: the same bet
+    (8, 7, Shape(0)),       # one request with no draft: the calls end with it, the others' gains save rows only
+])
+def test_a_batch_values_gained_tokens_by_the_calls_they_save(batch, drafted, want):
+    """Free choice at a batch size: a shape pays when the batch's calls get fewer or cheaper. Costs shaped like
+    SmolLM2's on the CPU (a call 50 ms alone, 100 at batch 8, 10 ms a row more there): lookup drafts right 40% of
+    the time per position pay alone and in a batch that has them all, not when one request has none."""
+    shapes = shapes_for(3, "lookup")
+    policy = Policy.from_profile(shapes, None).measured([(50 + 1.5 * (s.rows - 1), 100 + 10 * (s.rows - 1))
+                                                        for s in shapes])
+    st = state(policy, batch)
+    st.look_hit.copy_(0.4 ** torch.arange(1, 4.0))
+    found = torch.arange(batch) < drafted
+    policy.choose(st, torch.where(found, 3, 0), found)
+    assert st.choice.tolist() == [shapes.index(want)] * batch
+
+
 def test_a_request_no_draft_pays_for_goes_quiet_for_doubling_runs():
     """Lookup drafts never right and diffusion drafts earning one token: the request goes quiet (passive, the call
     the awake one's), stays so for its quiet run of calls unchanged, and its next quiet run is twice as long; one

@@ -18,10 +18,11 @@ Per request, on the device, in the state (`AdaptiveState`):
   bounded rate.
 Two ways to choose, by what the output may depend on:
 - free (greedy, and sampling under shared noise, where a request's tokens do not depend on the shapes): the
-  batch's shape maximises its expected tokens per unit of cost, the sum over live requests of the expected
-  tokens of each shape over the cost of an iteration in that shape at this batch size (`costs`: ms at batch 1
-  and COST_BATCH, measured once when the engine builds the program, Runtime.shape_costs: inputs, model call and
-  the whole update, sampling and this policy included; linear in the batch size between and beyond);
+  batch's shape maximises what it earns per unit of cost, the expected tokens of the live requests in each
+  shape, each gained token valued by the calls it saves (`batch_tokens`: a row, and the whole call only for
+  the least any request gains), over the cost of an iteration in that shape at this batch size (`costs`: ms at
+  batch 1 and COST_BATCH, measured once when the engine builds the program, Runtime.shape_costs: inputs, model
+  call and the whole update, sampling and this policy included; linear in the batch size between and beyond);
 - per request (the rejection sampler, whose drafts and draws depend on the width): each request picks its own
   shape from its own statistics and the costs at COST_BATCH, priced as the one request of a full batch that
   speculates (`marginal`: the whole batch pays for the cover of the choices; the costs are fixed when the engine
@@ -299,14 +300,29 @@ class Policy:
             own = self.best(expected, cost)                                                # [B]
             st.assign(choosing, choice=own)
         else:
-            tokens = (expected * choosing[:, None]).sum(0)                                 # [S]
             cost = c.costs[:, 0] + (c.costs[:, 1] - c.costs[:, 0]) * ((st.batch - 1) / (COST_BATCH - 1))
-            st.choice.copy_(self.best(tokens, cost).expand_as(st.choice))
+            st.choice.copy_(self.best(self.batch_tokens(c, st, expected, choosing, cost[0]), cost).expand_as(st.choice))
             own = st.choice
         hopeless = self.best(self.potential(st, length), cost) == 0
         st.assign(choosing & (own == 0), quiet_until=st.nfe + torch.where(hopeless, st.quiet_run, DOZE))
         st.assign(choosing & (own == 0) & hopeless, quiet_run=(2 * st.quiet_run).clamp(max=QUIET_RUNS[1]))
         st.assign(choosing & ~hopeless, quiet_run=torch.full_like(st.quiet_run, QUIET_RUNS[0]))
+
+    @staticmethod
+    def batch_tokens(c: "Constants", st: AdaptiveState, expected: torch.Tensor, choosing: torch.Tensor,
+                     ar_cost: torch.Tensor) -> torch.Tensor:
+        """What each shape's iteration earns a batch [S], in tokens of AR's worth (`ar_cost`: AR's iteration at this
+        batch size). A token a request gains beyond AR's one saves its row in a later call (`row`: the AR cost's
+        slope per row); the batch's calls end with its slowest request, so only the least any live request gains
+        (a quiet one: none) also saves whole calls (`call`: the rest of an AR call). Alone, each gained token is
+        worth a token; in a batch of requests that gain alike, too; where some gain and others do not, less. A
+        batch decoded to its end pays for wide calls that shorten none but the quick requests: a batch of 8 at
+        T = 0.7 made 1.09-1.25 tokens per request-call and ran as many calls as AR (bench/RESULTS.md)."""
+        gain = torch.where(choosing[:, None], expected - 1, 0.0)                              # [B, S]
+        least = torch.where(st.done[:, None], gain.amax(0), gain).amin(0)                     # [S]
+        row = (c.costs[0, 1] - c.costs[0, 0]) / (COST_BATCH - 1)
+        call = (c.costs[0, 0] - row).clamp(min=0)
+        return choosing.sum() + (row * gain.sum(0) + call * least) * st.batch / ar_cost
 
     @staticmethod
     def marginal(c: "Constants") -> torch.Tensor:

@@ -17,6 +17,13 @@ namespace pss {
 
 constexpr uint32_t kNoiseStream = 1u;  // sampling.NOISE_STREAM: apart from the rejection rule's uniforms
 
+// The uniform of two Philox words: 27 bits of the first and 26 of the second, (n + 1/2) 2^-53 in (0, 1). n is
+// below 2^53, so it is exact through int64 (which vectorises where uint64 to double does not).
+PSS_HD double uniform53(uint32_t hi, uint32_t lo) {
+  const int64_t n = static_cast<int64_t>((static_cast<uint64_t>(hi >> 5) << 26) + (lo >> 6));
+  return (static_cast<double>(n) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
 // u of token x in the row keyed by (seed, position).
 PSS_HD double noise_uniform(int64_t seed, int64_t position, int64_t x) {
   const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(position);
@@ -24,8 +31,7 @@ PSS_HD double noise_uniform(int64_t seed, int64_t position, int64_t x) {
                                   static_cast<uint32_t>(o >> 32), kNoiseStream, static_cast<uint32_t>(s),
                                   static_cast<uint32_t>(s >> 32));
   const int w = static_cast<int>(x & 1) * 2;
-  return (static_cast<double>((static_cast<uint64_t>(r.v[w] >> 5) << 26) + (r.v[w + 1] >> 6)) + 0.5) *
-         (1.0 / 9007199254740992.0);  // 2^-53
+  return uniform53(r.v[w], r.v[w + 1]);
 }
 
 // The race over entries begin, begin + step, ... < end of one row: the first entry j with the largest
@@ -61,7 +67,7 @@ PSS_HD int64_t race_entry(int64_t seed, int64_t position, const T* prob, const i
 #endif
 
 // u[j] = noise_uniform(seed, position, 2 first_pair + j) for j < 2 pairs, bit for bit: one Philox block per
-// pair of tokens, its rounds written lane by lane so the loop over pairs vectorises.
+// pair of tokens, in a loop over pairs the compiler vectorises.
 PSS_CPU_CLONES static void noise_uniforms(int64_t seed, int64_t position, int64_t first_pair, int64_t pairs,
                                           double* u) {
   const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(position);
@@ -69,11 +75,8 @@ PSS_CPU_CLONES static void noise_uniforms(int64_t seed, int64_t position, int64_
   const uint32_t k0 = static_cast<uint32_t>(s), k1 = static_cast<uint32_t>(s >> 32);
   for (int64_t p = 0; p < pairs; ++p) {
     const Philox4 r = philox4x32_10(static_cast<uint32_t>(first_pair + p), c1, c2, kNoiseStream, k0, k1);
-    // below 2^53: exact through int64, which vectorises where uint64 to double does not
-    u[2 * p] = (static_cast<double>(static_cast<int64_t>((static_cast<uint64_t>(r.v[0] >> 5) << 26) + (r.v[1] >> 6))) +
-                0.5) * (1.0 / 9007199254740992.0);
-    u[2 * p + 1] = (static_cast<double>(static_cast<int64_t>((static_cast<uint64_t>(r.v[2] >> 5) << 26) + (r.v[3] >> 6))) +
-                    0.5) * (1.0 / 9007199254740992.0);
+    u[2 * p] = uniform53(r.v[0], r.v[1]);
+    u[2 * p + 1] = uniform53(r.v[2], r.v[3]);
   }
 }
 

@@ -154,6 +154,9 @@ class Policy:
             raise ValueError("the shapes must hold the cover of any two of them")
         self.shapes, self.per_request = shapes, per_request
         self.costs = costs or [(float(s.rows), float(COST_BATCH * s.rows)) for s in shapes]
+        alone, batched = self.costs[0]
+        self.row = (batched - alone) / (COST_BATCH - 1)     # ms an AR call costs per row (batch_tokens)
+        self.call = max(alone - self.row, 0.0)              # ... and for the call itself
         self.width = len(lookup_prior)      # the state's draft width
         self.lookup_prior = lookup_prior
         self.packed = [i for i, s in enumerate(shapes) if s.kind == "packed"]
@@ -301,28 +304,26 @@ class Policy:
             st.assign(choosing, choice=own)
         else:
             cost = c.costs[:, 0] + (c.costs[:, 1] - c.costs[:, 0]) * ((st.batch - 1) / (COST_BATCH - 1))
-            st.choice.copy_(self.best(self.batch_tokens(c, st, expected, choosing, cost[0]), cost).expand_as(st.choice))
+            st.choice.copy_(self.best(self.batch_tokens(st, expected, choosing, cost[0]), cost).expand_as(st.choice))
             own = st.choice
         hopeless = self.best(self.potential(st, length), cost) == 0
         st.assign(choosing & (own == 0), quiet_until=st.nfe + torch.where(hopeless, st.quiet_run, DOZE))
         st.assign(choosing & (own == 0) & hopeless, quiet_run=(2 * st.quiet_run).clamp(max=QUIET_RUNS[1]))
         st.assign(choosing & ~hopeless, quiet_run=torch.full_like(st.quiet_run, QUIET_RUNS[0]))
 
-    @staticmethod
-    def batch_tokens(c: "Constants", st: AdaptiveState, expected: torch.Tensor, choosing: torch.Tensor,
+    def batch_tokens(self, st: AdaptiveState, expected: torch.Tensor, choosing: torch.Tensor,
                      ar_cost: torch.Tensor) -> torch.Tensor:
         """What each shape's iteration earns a batch [S], in tokens of AR's worth (`ar_cost`: AR's iteration at this
         batch size). A token a request gains beyond AR's one saves its row in a later call (`row`: the AR cost's
         slope per row); the batch's calls end with its slowest request, so only the least any live request gains
-        (a quiet one: none) also saves whole calls (`call`: the rest of an AR call). Alone, each gained token is
-        worth a token; in a batch of requests that gain alike, too; where some gain and others do not, less. A
-        batch decoded to its end pays for wide calls that shorten none but the quick requests: a batch of 8 at
-        T = 0.7 made 1.09-1.25 tokens per request-call and ran as many calls as AR (bench/RESULTS.md)."""
+        (a quiet one: none) also saves whole calls (`call`: the rest of an AR call; both fixed with the costs).
+        Alone, each gained token is worth a token; in a batch of requests that gain alike, too; where some gain and
+        others do not, less. A batch decoded to its end pays for wide calls that shorten none but the quick
+        requests: a batch of 8 at T = 0.7 made 1.09-1.25 tokens per request-call and ran as many calls as AR
+        (bench/RESULTS.md)."""
         gain = torch.where(choosing[:, None], expected - 1, 0.0)                              # [B, S]
         least = torch.where(st.done[:, None], gain.amax(0), gain).amin(0)                     # [S]
-        row = (c.costs[0, 1] - c.costs[0, 0]) / (COST_BATCH - 1)
-        call = (c.costs[0, 0] - row).clamp(min=0)
-        return choosing.sum() + (row * gain.sum(0) + call * least) * st.batch / ar_cost
+        return choosing.sum() + (self.row * gain.sum(0) + self.call * least) * st.batch / ar_cost
 
     @staticmethod
     def marginal(c: "Constants") -> torch.Tensor:

@@ -103,6 +103,21 @@ def test_sampled_request_returns_its_ar_sample(random_model, setting, policy):
     assert alone == want == [r.tokens for r in batched]
 
 
+def test_the_policy_sees_requests_waiting_for_a_slot(random_model, monkeypatch):
+    """Five requests in batches of at most two: every iteration's state says requests wait (`queued`) until the
+    last is admitted, and none from then on (Policy.batch_tokens values gained tokens by it)."""
+    seen, iterate = [], Batch.iterate
+
+    def recording(self, first, shape=0):
+        seen.append(set(self.state.queued.tolist()))            # one value, in every row
+        return iterate(self, first, shape)
+    monkeypatch.setattr(Batch, "iterate", recording)
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [1, 2, 3], list(range(30, 60)), [9, 9, 9], [60, 3]]
+    packed_ss.Engine(random_model).generate_batch(prompts, 12, eos_token_id=[], batch_size=2)
+    waited = seen.count({True})
+    assert 0 < waited < len(seen) and seen == [{True}] * waited + [{False}] * (len(seen) - waited)
+
+
 def test_greedy_default_equals_ar_on_float64(random_model):
     prompts = [[5, 6, 7, 5, 6, 7, 5], [1, 2, 3], list(range(30, 60))]
     ar = packed_ss.Engine(random_model, schedule="ar").generate_batch(prompts, 40, eos_token_id=[])
@@ -169,19 +184,22 @@ def test_the_choice_weighs_expected_tokens_against_cost(hit, batch, want):
     assert chosen == ("quiet" if want == Shape(0) else want) and (st.choice == st.choice[0]).all()   # AR: it dozes
 
 
-@pytest.mark.parametrize("batch,drafted,want", [
-    (1, 1, Shape(3)),       # alone, a gained token is a token
-    (8, 8, Shape(3)),       # a batch that gains alike: the same bet
-    (8, 7, Shape(0)),       # one request with no draft: the calls end with it, the others' gains save rows only
+@pytest.mark.parametrize("batch,drafted,queued,want", [
+    (1, 1, False, Shape(3)),    # alone, a gained token is a token
+    (8, 8, False, Shape(3)),    # a batch that gains alike: the same bet
+    (8, 7, False, Shape(0)),    # one request with no draft: the calls end with it, the others' gains save rows only
+    (8, 7, True, Shape(3)),     # ... unless requests wait: a request that ends sooner lets one in sooner
 ])
-def test_a_batch_values_gained_tokens_by_the_calls_they_save(batch, drafted, want):
+def test_a_batch_values_gained_tokens_by_the_calls_they_save(batch, drafted, queued, want):
     """Free choice at a batch size: a shape pays when the batch's calls get fewer or cheaper. Costs shaped like
     SmolLM2's on the CPU (a call 50 ms alone, 100 at batch 8, 10 ms a row more there): lookup drafts right 40% of
-    the time per position pay alone and in a batch that has them all, not when one request has none."""
+    the time per position pay alone and in a batch that has them all, not when one request has none, unless
+    requests wait for a slot."""
     shapes = shapes_for(3, "lookup")
     policy = Policy.from_profile(shapes, None).measured([(50 + 1.5 * (s.rows - 1), 100 + 10 * (s.rows - 1))
                                                         for s in shapes])
     st = state(policy, batch)
+    st.queued.fill_(queued)
     st.look_hit.copy_(0.4 ** torch.arange(1, 4.0))
     found = torch.arange(batch) < drafted
     policy.choose(st, torch.where(found, 3, 0), found)

@@ -19,10 +19,11 @@ Per request, on the device, in the state (`AdaptiveState`):
 Two ways to choose, by what the output may depend on:
 - free (greedy, and sampling under shared noise, where a request's tokens do not depend on the shapes): the
   batch's shape maximises what it earns per unit of cost, the expected tokens of the live requests in each
-  shape, each gained token valued by the calls it saves (`batch_tokens`: a row, and the whole call only for
-  the least any request gains), over the cost of an iteration in that shape at this batch size (`costs`: ms at
-  batch 1 and COST_BATCH, measured once when the engine builds the program, Runtime.shape_costs: inputs, model
-  call and the whole update, sampling and this policy included; linear in the batch size between and beyond);
+  shape, each gained token valued by the calls it saves (`batch_tokens`: while requests wait for a slot, a
+  share of a call; else a row, and the whole call only for the least any request gains), over the cost of an
+  iteration in that shape at this batch size (`costs`: ms at batch 1 and COST_BATCH, measured once when the
+  engine builds the program, Runtime.shape_costs: inputs, model call and the whole update, sampling and this
+  policy included; linear in the batch size between and beyond);
 - per request (the rejection sampler, whose drafts and draws depend on the width): each request picks its own
   shape from its own statistics and the costs at COST_BATCH, priced as the one request of a full batch that
   speculates (`marginal`: the whole batch pays for the cover of the choices; the costs are fixed when the engine
@@ -105,8 +106,9 @@ class AdaptiveState(DecodeState):
     """DecodeState plus the policy's statistics and choice (module docstring). `probe` [B, W] / `probe_len` the
     lookup draft being scored, made when the output was `probe_at` tokens long; `lookup_draft` whether the
     current draft is a lookup draft; `ran` the shape of the last step; `choice` the request's shape for the next
-    one; `quiet_until` the call count (nfe) its quiet period ends at, `quiet_run` the length of its next one. The
-    status table carries `choice` and `quiet` to the host."""
+    one; `quiet_until` the call count (nfe) its quiet period ends at, `quiet_run` the length of its next one;
+    `queued` whether requests wait for a slot of the batch (the same in every row, written by the scheduler before
+    each iteration). The status table carries `choice` and `quiet` to the host."""
     look_hit: torch.Tensor = None
     look_found: torch.Tensor = None
     diffusion: torch.Tensor = None
@@ -118,6 +120,7 @@ class AdaptiveState(DecodeState):
     choice: torch.Tensor = None
     quiet_until: torch.Tensor = None
     quiet_run: torch.Tensor = None
+    queued: torch.Tensor = None
 
     @property
     def passive(self) -> torch.Tensor:
@@ -207,7 +210,8 @@ class Policy:
                              diffusion=c.diffusion_prior[None].clone(), probe=torch.zeros_like(base.draft),
                              probe_len=zero.clone(), probe_at=zero.clone(),
                              lookup_draft=torch.zeros_like(base.done), ran=zero.clone(), choice=zero.clone(),
-                             quiet_until=zero.clone(), quiet_run=torch.full_like(zero, QUIET_RUNS[0]))
+                             quiet_until=zero.clone(), quiet_run=torch.full_like(zero, QUIET_RUNS[0]),
+                             queued=torch.zeros_like(base.done))
 
     # -- after a step ------------------------------------------------------------------------------------------
     def score_lookup(self, st: AdaptiveState, draft: torch.Tensor, length: torch.Tensor, found: torch.Tensor,
@@ -314,16 +318,18 @@ class Policy:
     def batch_tokens(self, st: AdaptiveState, expected: torch.Tensor, choosing: torch.Tensor,
                      ar_cost: torch.Tensor) -> torch.Tensor:
         """What each shape's iteration earns a batch [S], in tokens of AR's worth (`ar_cost`: AR's iteration at this
-        batch size). A token a request gains beyond AR's one saves its row in a later call (`row`: the AR cost's
-        slope per row); the batch's calls end with its slowest request, so only the least any live request gains
-        (a quiet one: none) also saves whole calls (`call`: the rest of an AR call; both fixed with the costs).
-        Alone, each gained token is worth a token; in a batch of requests that gain alike, too; where some gain and
-        others do not, less. A batch decoded to its end pays for wide calls that shorten none but the quick
-        requests: a batch of 8 at T = 0.7 made 1.09-1.25 tokens per request-call and ran as many calls as AR
-        (bench/RESULTS.md)."""
+        batch size). While requests wait for a slot (`queued`), a request that ends sooner lets one of them in
+        sooner, so every gained token is worth a token. Otherwise the batch's calls end with its slowest request: a
+        token a request gains beyond AR's one saves its row in a later call (`row`: the AR cost's slope per row),
+        and only the least any live request gains (a quiet one: none) also saves whole calls (`call`: the rest of
+        an AR call; both fixed with the costs). Alone, each gained token is worth a token; in a batch of requests
+        that gain alike, too; where some gain and others do not, less. A batch decoded to its end pays for wide
+        calls that shorten none but the quick requests: a batch of 8 at T = 0.7 made 1.09-1.25 tokens per
+        request-call and ran as many calls as AR (bench/RESULTS.md)."""
         gain = torch.where(choosing[:, None], expected - 1, 0.0)                              # [B, S]
         least = torch.where(st.done[:, None], gain.amax(0), gain).amin(0)                     # [S]
-        return choosing.sum() + (self.row * gain.sum(0) + self.call * least) * st.batch / ar_cost
+        closed = (self.row * gain.sum(0) + self.call * least) * st.batch / ar_cost
+        return choosing.sum() + torch.where(st.queued.any(), gain.sum(0), closed)
 
     @staticmethod
     def marginal(c: "Constants") -> torch.Tensor:

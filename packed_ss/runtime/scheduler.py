@@ -18,8 +18,8 @@ requests get alone, whoever ran the iteration that made them. A step:
 3. gives every running request the pages its next call may write (`_slots_now`); when the pool has none
    left, the latest admitted request is preempted: its pages go back, its state row is kept, and it waits
    at the head of the queue to re-read its tokens' K/V and continue where it stopped;
-4. runs one iteration of the whole batch (every step of the program, then the status table) and queues
-   the table's copy to the host;
+4. runs one iteration of the whole batch (every step of the program, then the status table; an adaptive
+   program's policy is told whether requests wait, Policy.batch_tokens) and queues the table's copy to the host;
 5. once nothing waits, compacts: the running requests move to the front slots and the batch shrinks.
 A group closed early (a generator closed, an exception in its caller) aborts its requests: their slots and
 pages are freed at once and nothing else changes.
@@ -126,6 +126,8 @@ class Scheduler(Admission):
                     live = [r for r in self.running if r is not None]
                     for r in live if len(live) > 1 else ():
                         r.shared = True
+                    if self.program.policy is not None:     # a quick request's tokens are worth more while others wait
+                        batch.state.queued.fill_(bool(self.waiting))
                     with checked:
                         self.batch.iterate(first=self.iterations == 1, shape=self.shape)
                         self.batch.poll.issue()

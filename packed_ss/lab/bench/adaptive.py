@@ -4,7 +4,8 @@
     python -m packed_ss bench-adaptive --quick --out DIR        (a few minutes)
 
 For every sampling setting (greedy; T = 0.7 with top-p 0.95; T = 1) and batch size, HumanEval prompts are cut
-into units of one batch each, and every unit is decoded by every method in a rotating order (paired unit by
+into units of one batch each (with `--queue N`, of N batches' worth that run at most a batch at once, the others
+waiting for a slot, as in a loaded server), and every unit is decoded by every method in a rotating order (paired unit by
 unit; sampled requests carry a seed per prompt, so each method sees the same requests). The best fixed
 configuration of each cell (setting, batch size) is picked first by a sweep over the candidates (fixed
 schedules and widths, each with its default sampler) on other prompts than the ones it is scored on. Reported
@@ -77,15 +78,15 @@ def engines(model, configs, samplers=()) -> dict[str, Engine]:
 
 
 def decode_units(methods: dict[str, Engine], prompts, batch: int, setting: str, max_new: int, seed: int,
-                 bar) -> list[Record]:
-    """Every unit of `batch` prompts by every method, the order rotating from unit to unit, after an untimed
-    warm-up of each method at this setting (it builds the setting's program: the adaptive one measures its
-    shapes' costs then)."""
+                 bar, queue: int = 1) -> list[Record]:
+    """Every unit of `batch` x `queue` prompts (at most `batch` at once) by every method, the order rotating from
+    unit to unit, after an untimed warm-up of each method at this setting (it builds the setting's program: the
+    adaptive one measures its shapes' costs then)."""
     records, names = [], list(methods)
     for engine in methods.values():
         engine.generate_batch(prompts[:batch], 4, seed=seed, batch_size=batch, **SETTINGS[setting])
-    for unit, start in enumerate(range(0, len(prompts), batch)):
-        chunk = prompts[start:start + batch]
+    for unit, start in enumerate(range(0, len(prompts), batch * queue)):
+        chunk = prompts[start:start + batch * queue]
         seeds = [seed + start + i for i in range(len(chunk))]
         for k in range(len(names)):
             method = names[(unit + k) % len(names)]
@@ -134,12 +135,13 @@ def run(args) -> dict:
     for setting in args.settings:
         for batch in args.batch_sizes:
             fixed = {n: e for n, e in candidates.items() if n not in ["default", "ar"] + others}
-            trial = decode_units(fixed, sweep, batch, setting, args.max_new_tokens, args.seed + 10_000, bar)
+            trial = decode_units(fixed, sweep, batch, setting, args.max_new_tokens, args.seed + 10_000, bar,
+                                 args.queue)
             swept += trial
             best[(setting, batch)] = max(fixed, key=lambda n: throughput([r for r in trial if r.method == n]))
             chosen = {n: candidates[n] for n in ["default", "ar", best[(setting, batch)]]
                       + (others if setting in sampled else [])}
-            records += decode_units(chosen, scored, batch, setting, args.max_new_tokens, args.seed, bar)
+            records += decode_units(chosen, scored, batch, setting, args.max_new_tokens, args.seed, bar, args.queue)
     bar.close()
     cells = []
     for (setting, batch), fixed in best.items():
@@ -177,7 +179,9 @@ def report(result: dict) -> str:
     lines = [f"Default engine (adaptive) against AR and the best fixed configuration; {result['options']['model']}, "
              f"{result['dtype']}; {m['cpu']}, {m['threads']} threads, torch {m['torch']}; "
              f"{result['options']['limit']} scored HumanEval prompts "
-             f"(sweep on {result['options']['sweep']} others), {result['options']['max_new_tokens']} new tokens.",
+             f"(sweep on {result['options']['sweep']} others), {result['options']['max_new_tokens']} new tokens"
+             + (f"; units of {result['options']['queue']} batches' worth, at most a batch at once."
+                if result['options'].get('queue', 1) > 1 else "."),
              "", "| setting | batch | default tok/s | AR tok/s | best fixed | its tok/s | tokens/call default | "
                  "default / AR [95%] | default / best [95%] |", "|---|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
@@ -222,11 +226,16 @@ def main(argv=None) -> int:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None, help=f"default {FULL['batch_sizes']}")
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS,
                    help="sampling settings to run (default all)")
+    p.add_argument("--queue", type=int, default=1,
+                   help="batches' worth of prompts per unit, run at most a batch at once, the others waiting for a "
+                        "slot (an open batch, as a loaded server's; default 1: a unit is one batch)")
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (default 0)")
     p.add_argument("--samplers", nargs="+", default=[], choices=SAMPLERS,
                    help="samplers to score the default engine under besides its own choice, at temperature > 0, "
                         "named default~<sampler> (default none)")
     args = p.parse_args(argv)
+    if args.queue < 1:
+        p.error(f"--queue must be at least 1, got {args.queue}")
     apply_preset(args, FULL, QUICK)
     torch.set_num_threads(args.threads)
     result = run(args)

@@ -278,8 +278,7 @@ class Engine:
     # -- requests --------------------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 eos_token_id: int | list[int] | None = None,
-                 stop_token_ids: list[int] | None = None,
+                 eos_token_id: int | list[int] | None = None, stop_token_ids: list[int] | None = None,
                  stop_sequences: list[list[int]] | None = None) -> GenerateResult:
         """Decode up to `max_new_tokens` after `prompt_ids`; stops after the first accepted stop token.
 
@@ -325,9 +324,10 @@ class Engine:
         """The K/V pool now: pages held, published in the prefix cache, its hits, evictions and preemptions."""
         return self.runtime.kv_usage()
 
-    def step(self) -> bool:
-        """One step of every running batch (admission, one iteration, the poll); whether work remains."""
-        return self.runtime.step()
+    def step(self, waiting: bool = False) -> bool:
+        """One step of every running batch (admission, one iteration, the poll); whether work remains. `waiting`:
+        the caller holds requests back for want of a slot (a server's queue; decode/policy.py bets on it)."""
+        return self.runtime.step(waiting)
 
     def abort(self, group: Group) -> None:
         """The request leaves its batch at once; its slot is free for the next. If it was running, its result so

@@ -118,6 +118,19 @@ def test_the_policy_sees_requests_waiting_for_a_slot(random_model, monkeypatch):
     assert 0 < waited < len(seen) and seen == [{True}] * waited + [{False}] * (len(seen) - waited)
 
 
+def test_a_caller_says_requests_wait_outside_the_engine(random_model, monkeypatch):
+    """A server holds requests back beyond its batch: `Engine.step(waiting=True)` tells the policy so."""
+    seen, iterate = [], Batch.iterate
+    monkeypatch.setattr(Batch, "iterate", lambda self, *a, **k: (seen.append(self.state.queued.tolist()),
+                                                                  iterate(self, *a, **k))[1])
+    engine = packed_ss.Engine(random_model)
+    engine.add(engine.request([5, 6, 7, 5, 6], 30, eos_token_id=[]))
+    told = [True, True, False, True, False]
+    for waiting in told:
+        engine.step(waiting=waiting)
+    assert seen == [[w] for w in told]
+
+
 def test_greedy_default_equals_ar_on_float64(random_model):
     prompts = [[5, 6, 7, 5, 6, 7, 5], [1, 2, 3], list(range(30, 60))]
     ar = packed_ss.Engine(random_model, schedule="ar").generate_batch(prompts, 40, eos_token_id=[])

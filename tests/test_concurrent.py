@@ -359,3 +359,32 @@ def test_request_level_interface(model):
     partial = groups[2].results[0]
     assert groups[2].aborted and 0 < len(partial.tokens) < 30 and partial.tokens == want[2].tokens[:len(partial.tokens)]
     assert partial.nfe > 1 and not engine.step()
+
+
+def test_the_servers_decode_thread_says_when_requests_wait(model, monkeypatch):
+    """The server's decode thread adds at most max_batch requests to the engine and holds the rest: while it holds
+    any, its steps tell the engine so (Engine.step(waiting=True), which the adaptive policy bets on), and once
+    the last is added, not; every request still gets what it gets alone."""
+    import asyncio
+    from packed_ss.serve.metrics import Metrics
+    from packed_ss.serve.worker import DecodeWorker
+    engine = packed_ss.Engine(model)
+    told, step = [], engine.step
+    monkeypatch.setattr(engine, "step", lambda waiting=False: (told.append(waiting), step(waiting))[1])
+    reqs = [engine.request(**r) for r in requests(3)]
+
+    async def served():
+        worker = DecodeWorker(engine, Metrics(engine.width), max_batch=1, max_waiting=8)
+        worker.start()
+        pending = [worker.submit(r, len(r.prompt)) for r in reqs]
+        results = []
+        for p in pending:
+            while (event := await p.events.get())[0] != "done":
+                assert event[0] == "tokens"
+            results.append(event[1].tokens)
+        worker.stop()
+        return results
+    got = asyncio.run(served())
+    assert got == [engine.generate(**r).tokens for r in requests(3)]
+    waited = told.count(True)
+    assert 0 < waited < len(told) and told == [True] * waited + [False] * (len(told) - waited)

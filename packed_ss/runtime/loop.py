@@ -209,15 +209,16 @@ class Runtime:
         with self._lock:
             return self.scheduler(program).add(requests, slots, stream)
 
-    def step(self) -> bool:
+    def step(self, waiting: bool = False) -> bool:
         """One step of every scheduler with work, under the lock; whether any has work left. A step that fails
-        ends its scheduler's requests with the error (their groups' `error`) and the others go on."""
+        ends its scheduler's requests with the error (their groups' `error`) and the others go on. `waiting`:
+        requests wait for a slot outside the runtime too (a server's queue; Scheduler.step)."""
         with self._lock:
             for _, scheduler in list(self._schedulers.values()):
                 if not scheduler.idle:
                     self._last = scheduler
                     try:
-                        scheduler.step()
+                        scheduler.step(waiting)
                     except Exception:   # noqa: BLE001 -- recorded on the groups by Scheduler._fail
                         pass
             return any(not scheduler.idle for _, scheduler in self._schedulers.values())

@@ -99,8 +99,9 @@ class Scheduler(Admission):
             self._end_if_idle()
 
     # -- one turn of the loop ------------------------------------------------------------------------------
-    def step(self) -> None:
-        """Admit, iterate, read what is due, hand it out, compact (module docstring). Under the runtime's lock."""
+    def step(self, waiting: bool = False) -> None:
+        """Admit, iterate, read what is due, hand it out, compact (module docstring). Under the runtime's lock.
+        `waiting`: requests wait for a slot outside this scheduler's queue too (a server's)."""
         if self.idle:
             return
         checked = SyncCheck() if SyncCheck.wanted(self.runtime.model.device) else contextlib.nullcontext()
@@ -127,7 +128,7 @@ class Scheduler(Admission):
                     for r in live if len(live) > 1 else ():
                         r.shared = True
                     if self.program.policy is not None:     # a quick request's tokens are worth more while others wait
-                        batch.state.queued.fill_(bool(self.waiting))
+                        batch.state.queued.fill_(waiting or bool(self.waiting))
                     with checked:
                         self.batch.iterate(first=self.iterations == 1, shape=self.shape)
                         self.batch.poll.issue()

@@ -4,10 +4,10 @@ A handler checks its request (`engine.request(...)`, on the event loop, before a
 it. The thread adds up to `max_batch` of them to the engine (the rest wait, at most `max_waiting`: beyond
 that `submit` refuses). Requests added together join the running batch at the same step, so they prefill in
 one call; sampled ones are added first, so that greedy ones join their batch (Engine.joining). Every step is
-one iteration of the whole batch (`engine.step()`), after which each request's new tokens go to its
-handler's asyncio queue through its event loop (one wake-up of the loop per step for all of them): the loop
-never blocks on decoding. A cancelled request (a client gone, a stop string reached) is aborted and its slot
-freed.
+one iteration of the whole batch (`engine.step()`, told whether requests wait here), after which each
+request's new tokens go to its handler's asyncio queue through its event loop (one wake-up of the loop per step
+for all of them): the loop never blocks on decoding. A cancelled request (a client gone, a stop string reached)
+is aborted and its slot freed.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class DecodeWorker:
                 self._end(pending, "aborted", pending.group.results[0], request_aborted=1)
             if self.active:
                 began = time.perf_counter()
-                self.engine.step()
+                self.engine.step(waiting=bool(self.waiting))
                 self.metrics.add(decode_busy_seconds=time.perf_counter() - began)
             for pending in list(self.active):
                 self._deliver(pending)

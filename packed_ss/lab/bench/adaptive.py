@@ -3,16 +3,16 @@
     python -m packed_ss bench-adaptive --out DIR [options]
     python -m packed_ss bench-adaptive --quick --out DIR        (a few minutes)
 
-For every sampling setting (greedy; T = 0.7 with top-p 0.95; T = 1) and batch size, HumanEval prompts are cut
-into units of one batch each (with `--queue N`, of N batches' worth that run at most a batch at once, the others
-waiting for a slot, as in a loaded server), and every unit is decoded by every method in a rotating order (paired unit by
+For every sampling setting (greedy; T = 0.7 with top-p 0.95; T = 1) and batch size, HumanEval prompts are cut into
+units of one batch each (with `--queue N`, of N batches' worth that run at most a batch at once, the others waiting
+for a slot, as in a loaded server), and every unit is decoded by every method in a rotating order (paired unit by
 unit; sampled requests carry a seed per prompt, so each method sees the same requests). The best fixed
-configuration of each cell (setting, batch size) is picked first by a sweep over the candidates (fixed
-schedules and widths, each with its default sampler) on other prompts than the ones it is scored on. Reported
-per cell: throughput of each method, tokens per call, and the ratios default / AR and default / best fixed
-with paired bootstrap 95% intervals over the units (stats.py); with `--samplers rejection gumbel` the default engine
-under the other sampler too, at temperature > 0 (the choice of the default sampler). A streamed request of the default engine is
-traced (the shape of each iteration and the tokens it emitted) and plotted. Writes DIR/adaptive.json,
+configuration of each cell (setting, batch size) is picked first by a sweep over the candidates (fixed schedules
+and widths, each with its default sampler) on other prompts than the ones it is scored on. Reported per cell:
+throughput of each method, tokens per call, and the ratios default / AR and default / best fixed with paired
+bootstrap 95% intervals over the units (stats.py); with `--samplers rejection gumbel` the default engine under the
+other sampler too, at temperature > 0 (the choice of the default sampler). A streamed request of the default engine
+is traced (the shape of each iteration and the tokens it emitted) and plotted. Writes DIR/adaptive.json,
 DIR/adaptive.md and DIR/adaptive-trace.png.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ class Cycling(Policy):
     the widest first after the prefill, so that a short output can hold a bonus).
     Choosing per request, requests that joined at different times switch at different iterations."""
 
-    def choose(self, st, length, found, passive=None):
+    def choose(self, st, length, order, passive=None):
         st.assign(~st.done, choice=((st.nfe - 1) // 2 - 1) % len(self.shapes))
         if not self.per_request:
             st.choice.copy_(st.choice.max().expand_as(st.choice))
@@ -37,10 +37,10 @@ class Dozing(Cycling):
     joined at different times doze at different iterations, so calls hold quiet requests beside the others, and
     the lean QUIET call runs where all are quiet."""
 
-    def choose(self, st, length, found, passive=None):
+    def choose(self, st, length, order, passive=None):
         passive = torch.zeros_like(st.done) if passive is None else passive
         kept = st.choice.clone()
-        super().choose(st, length, found)
+        super().choose(st, length, order)
         st.choice.copy_(torch.where(passive, kept, st.choice))          # a quiet request keeps its choice
         st.assign(~st.done & ~passive & (st.nfe % 7 == 3), quiet_until=st.nfe + 3)
 
@@ -151,30 +151,35 @@ def state(policy: Policy, batch: int = 1, out=(), prompt=(0,)):
 
 
 def test_a_probe_is_scored_against_the_emitted_tokens():
+    """A probe made after a 3-token match settles at its first miss: its order's row of look_hit learns, the
+    other orders' rows stay, and the next probe keeps the order of its own match."""
     policy = Policy.from_profile(shapes_for(4, "lookup"), None)
     st = state(policy, out=[5, 6])
     st.probe[0] = torch.tensor([5, 6, 9, 9])
     st.probe_len.fill_(3)
+    st.probe_order.fill_(3)
     prior = st.look_hit.clone()
     new = torch.tensor([[1, 2, 3, 4]])
-    policy.score_lookup(st, new, torch.tensor([2]), torch.tensor([True]))
+    policy.score_lookup(st, new, torch.tensor([2]), torch.tensor([1]))
     assert torch.equal(st.look_hit, prior) and st.probe_at.item() == 0     # two of three compared, both right
     st.out[0, 2] = 7
     st.n_out.fill_(3)
-    policy.score_lookup(st, new, torch.tensor([2]), torch.tensor([True]))
+    policy.score_lookup(st, new, torch.tensor([2]), torch.tensor([1]))
     hit = torch.tensor([1.0, 1.0, 0.0, 0.0])
-    want = prior + RATE * (hit - prior)
-    want[0, 3] = prior[0, 3]                                                 # past the probe: not observed
+    want = prior.clone()
+    want[0, 3, :3] = prior[0, 3, :3] + RATE * (hit[:3] - prior[0, 3, :3])    # past the probe: not observed
     assert torch.allclose(st.look_hit, want)
     assert st.probe[0].tolist() == [1, 2, 3, 4] and st.probe_len.item() == 2 and st.probe_at.item() == 3
+    assert st.probe_order.item() == 1
 
 
 def test_no_draft_found_probes_nothing():
     policy = Policy.from_profile(shapes_for(4, "lookup"), None)
     st = state(policy, out=[5])
-    prior = st.look_hit.clone()
-    policy.score_lookup(st, torch.tensor([[1, 2, 3, 4]]), torch.tensor([4]), torch.tensor([False]))
+    prior, orders = st.look_hit.clone(), st.look_order.clone()
+    policy.score_lookup(st, torch.tensor([[1, 2, 3, 4]]), torch.tensor([4]), torch.tensor([0]))
     assert torch.equal(st.look_hit, prior) and st.probe_len.item() == 0 and st.probe_at.item() == 1
+    assert st.look_order[0, 0] == RATE and torch.allclose(st.look_order[0, 1:], (1 - RATE) * orders[0, 1:])
 
 
 @pytest.mark.parametrize("hit,batch,want", [
@@ -191,7 +196,7 @@ def test_the_choice_weighs_expected_tokens_against_cost(hit, batch, want):
     st = state(policy, batch)
     st.look_hit.copy_(hit ** torch.arange(1, 17.0))      # draft token k right with probability hit^(k+1)
     st.diffusion.fill_(1.0)
-    policy.choose(st, torch.full((batch,), 16), torch.ones(batch, dtype=torch.bool))
+    policy.choose(st, torch.full((batch,), 16), torch.full((batch,), 4))           # drafts after 4-token matches
     call = policy.next_call(list(zip(st.choice.tolist(), st.quiet.tolist())), lag=0)
     chosen = "quiet" if call == QUIET else shapes[call]
     assert chosen == ("quiet" if want == Shape(0) else want) and (st.choice == st.choice[0]).all()   # AR: it dozes
@@ -215,8 +220,22 @@ def test_a_batch_values_gained_tokens_by_the_calls_they_save(batch, drafted, que
     st.queued.fill_(queued)
     st.look_hit.copy_(0.4 ** torch.arange(1, 4.0))
     found = torch.arange(batch) < drafted
-    policy.choose(st, torch.where(found, 3, 0), found)
+    policy.choose(st, torch.where(found, 3, 0), torch.where(found, 4, 0))
     assert st.choice.tolist() == [shapes.index(want)] * batch
+
+
+def test_the_choice_reads_how_often_drafts_of_the_matchs_order_are_right():
+    """Two requests with the same statistics, one holding a draft after a 4-token match (whose drafts were right
+    90% of the time), the other after a 1-token match (5%): the first verifies its draft at the full width, the
+    second decodes by AR."""
+    shapes = shapes_for(8, "lookup")
+    policy = Policy.from_profile(shapes, None).measured([(1.0 + 0.1 * s.rows, 8.0 + 0.1 * s.rows) for s in shapes],
+                                                        True)
+    st = state(policy, 2)
+    st.look_hit[:, 4] = 0.9
+    st.look_hit[:, 1] = 0.05
+    policy.choose(st, torch.full((2,), 8), torch.tensor([4, 1]))
+    assert [shapes[i] for i in st.choice.tolist()] == [Shape(8), Shape(0)]
 
 
 def test_a_request_no_draft_pays_for_goes_quiet_for_doubling_runs():
@@ -231,8 +250,8 @@ def test_a_request_no_draft_pays_for_goes_quiet_for_doubling_runs():
     st.diffusion[0].fill_(1.0)
     st.look_hit[1:].fill_(0.95)
     st.diffusion[2].fill_(1.0)
-    length, found = torch.full((3,), 4), torch.tensor([True, True, False])
-    policy.choose(st, length, found)
+    length, order = torch.full((3,), 4), torch.tensor([4, 4, 0])
+    policy.choose(st, length, order)
     assert st.quiet.tolist() == [QUIET_RUNS[0], 0, DOZE]
     assert st.quiet_run.tolist() == [2 * QUIET_RUNS[0], QUIET_RUNS[0], QUIET_RUNS[0]]
     assert shapes[policy.next_call(list(zip(st.choice.tolist(), st.quiet.tolist())), lag=0)] == Shape(4)
@@ -242,10 +261,10 @@ def test_a_request_no_draft_pays_for_goes_quiet_for_doubling_runs():
         assert policy.next_call([(st.choice[0].item(), st.quiet[0].item())], lag=0) == QUIET
         passive = st.passive
         st.nfe += 1                                                         # a call
-        policy.choose(st, length, found, passive)
+        policy.choose(st, length, order, passive)
         assert st.quiet[0].item() == left and torch.equal(st.look_hit, hit)
     assert policy.next_call([(st.choice[0].item(), st.quiet[0].item())], lag=0) == 0
-    policy.choose(st, length, found, st.passive)                            # awake, still hopeless: twice as long
+    policy.choose(st, length, order, st.passive)                            # awake, still hopeless: twice as long
     assert st.quiet[0].item() == 2 * QUIET_RUNS[0] and shapes[st.choice[0].item()] == Shape(0)
 
 
@@ -306,7 +325,7 @@ def test_the_state_carries_the_choice_through_the_status_table(shipped):
     engine = packed_ss.Engine(model, width=4)
     program = engine.program(SamplingParams())
     st = program.new_state(Request(prompts[0], 8, 0, [], []))
-    assert st.choice.shape == (1,) and st.look_hit.shape == (1, 4)
+    assert st.choice.shape == (1,) and st.look_hit.shape == (1, 5, 4)   # orders 0 .. 4, 4 positions
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -357,7 +376,7 @@ class Abstaining(Policy):
     """Never speculates: every request chooses AR, and after its calls 3, 6, 9, .. stays quiet through two more, so
     calls alternate between the AR shape (an empty draft verified) and the lean QUIET step."""
 
-    def choose(self, st, length, found, passive=None):
+    def choose(self, st, length, order, passive=None):
         choosing = ~st.done if passive is None else ~st.done & ~passive
         st.assign(choosing, choice=torch.zeros_like(st.choice))
         st.assign(choosing & (st.nfe % 3 == 0), quiet_until=st.nfe + 2)

@@ -18,7 +18,7 @@ from packed_ss.decode.state import DecodeState
 def reference(prompt: list[int], out: list[int], width: int, stops=(), ngrams=NGRAMS, context=CONTEXT):
     """The draft as a person would write it: the latest earlier occurrence of the longest matching suffix, then
     the tokens after it copied one at a time (a copy that reaches the end copies what it has just copied); cut
-    after the first stop. None without a match."""
+    after the first stop; with the suffix's length (the match's order). None without a match."""
     seq = prompt[-context:] + out
     end = len(seq)
     for n in ngrams:
@@ -33,7 +33,7 @@ def reference(prompt: list[int], out: list[int], width: int, stops=(), ngrams=NG
                     draft.append(copy[-1])
                     if draft[-1] in stops:
                         break
-                return draft
+                return draft, n
     return None
 
 
@@ -45,8 +45,8 @@ def state_of(prompt, out, width, stops=(), context=CONTEXT):
 
 
 def drafted(prompt, out, width, stops=(), context=CONTEXT):
-    draft, length, found = lookup_draft(state_of(prompt, out, width, stops, context), width)
-    return draft[0, :length[0]].tolist() if found[0] else None
+    draft, length, order = lookup_draft(state_of(prompt, out, width, stops, context), width)
+    return (draft[0, :length[0]].tolist(), order[0].item()) if order[0] else None
 
 
 EDGES = {   # name: (prompt, output, width, stops)
@@ -74,18 +74,18 @@ def test_edges_match_the_reference(name):
 
 def test_edges_say_what_they_claim():
     """The edge cases are the cases their names say (the reference's drafts, spelled out)."""
-    want = {"no match": None, "match in the prompt only": [10, 11, 7], "latest match wins": [2, 5],
-            "longest n first": [9, 2], "match overlapping the end": [3, 3, 3, 3, 3], "period of two": [1, 2, 1, 2, 1],
-            "n longer than the output": [5, 3, 9, 5], "shorter than every n": None, "one token so far": None,
-            "stop inside the continuation": [7, 0], "stop first": [0], "match in the output only": [3, 1],
-            "the last token alone": [2, 3]}
+    want = {"no match": None, "match in the prompt only": ([10, 11, 7], 3), "latest match wins": ([2, 5], 2),
+            "longest n first": ([9, 2], 3), "match overlapping the end": ([3, 3, 3, 3, 3], 2),
+            "period of two": ([1, 2, 1, 2, 1], 2), "n longer than the output": ([5, 3, 9, 5], 2),
+            "shorter than every n": None, "one token so far": None, "stop inside the continuation": ([7, 0], 3),
+            "stop first": ([0], 2), "match in the output only": ([3, 1], 2), "the last token alone": ([2, 3], 1)}
     assert {name: reference(*case) for name, case in EDGES.items()} == want
 
 
 def test_context_keeps_the_last_prompt_tokens():
     """A prompt longer than the context is searched in its last `context` tokens only."""
     prompt = [1, 2, 3] + [9] * 10 + [4, 5]
-    assert drafted(prompt, [1, 2], 2, context=16) == [3, 9]
+    assert drafted(prompt, [1, 2], 2, context=16) == ([3, 9], 2)
     assert drafted(prompt, [1, 2], 2, context=12) is None
     assert reference(prompt, [1, 2], 2, context=12) is None
 
@@ -103,8 +103,8 @@ def test_random_sequences_match_the_reference(vocab):
     out_len = max(st.out.shape[1] for st in states)
     for st in states:
         st.out = torch.nn.functional.pad(st.out, (0, out_len - st.out.shape[1]), value=7)
-    draft, length, found = lookup_draft(DecodeState.cat(states), width)
-    got = [draft[b, :length[b]].tolist() if found[b] else None for b in range(len(cases))]
+    draft, length, order = lookup_draft(DecodeState.cat(states), width)
+    got = [(draft[b, :length[b]].tolist(), order[b].item()) if order[b] else None for b in range(len(cases))]
     want = [reference(p, o, width, (0,), context=16) for p, o in cases]
     assert got == want
     assert sum(w is not None for w in want) > 8 and sum(w is None for w in want) > 4   # both kinds of row
@@ -112,8 +112,8 @@ def test_random_sequences_match_the_reference(vocab):
 
 def test_continuation_ignores_what_follows_the_end():
     hay = torch.tensor([[1, 2, 1, 2, 5, 5, 5]])
-    draft, found = continuation(hay, torch.tensor([4]), 3)
-    assert found.item() and draft.tolist() == [[1, 2, 1]]
+    draft, order = continuation(hay, torch.tensor([4]), 3)
+    assert order.item() == 2 and draft.tolist() == [[1, 2, 1]]
 
 
 # -- decoding with lookup drafts ------------------------------------------------------------------------------------

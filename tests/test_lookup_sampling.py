@@ -63,7 +63,8 @@ def test_batched_requests_follow_ar_distribution(path):
 def keep_replaced_q(self, st):
     """Broken Schedule.redraft: the lookup draft replaces the proposal, its stored Q does not."""
     if self.looks_up:
-        draft, length, found = lookup_draft(st, self.width)
+        draft, length, order = lookup_draft(st, self.width)
+        found = order > 0
         other = st.draft_len if self.draft_source == "both" else torch.zeros_like(st.draft_len)
         st.assign(~st.done, draft=torch.where(found[:, None], draft, st.draft),
                   draft_len=torch.where(found, length, other))

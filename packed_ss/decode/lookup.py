@@ -20,8 +20,9 @@ CONTEXT = 1024         # prompt tokens searched (the last ones of a longer promp
 
 
 def continuation(hay: torch.Tensor, end: torch.Tensor, width: int, ngrams=NGRAMS) -> tuple[torch.Tensor, torch.Tensor]:
-    """(draft [B, W], found [B]): the lookup continuation of each row's sequence hay[b, :end[b]] (tokens >= 0;
-    -1 marks no token). Rows without a match have found False and a meaningless draft.
+    """(draft [B, W], order [B]): the lookup continuation of each row's sequence hay[b, :end[b]] (tokens >= 0;
+    -1 marks no token) and the length n of the match it follows (its order). Rows without a match have order 0
+    and a meaningless draft.
 
     The last n tokens end at e wherever hay[e - i] == hay[end - 1 - i] for i < n: one comparison of the whole
     row per suffix token, shifted and combined, serves every n."""
@@ -39,18 +40,21 @@ def continuation(hay: torch.Tensor, end: torch.Tensor, width: int, ngrams=NGRAMS
         if k + 1 in ngrams:
             latest[k + 1] = torch.where(match & earlier, ends, -1).amax(1)
     best = torch.full((batch,), -1, dtype=torch.int64, device=device)
+    order = torch.zeros_like(best)
     for n in ngrams:                                              # longest first
+        order = torch.where((best < 0) & (latest[n] >= 0), n, order)
         best = torch.where(best < 0, latest[n], best)
     period = (end - 1 - best).clamp(min=1)
     i = torch.arange(width, device=device)
     src = end[:, None] - period[:, None] + i % period[:, None]
-    return hay.gather(1, src.clamp(0, length - 1)), best >= 0
+    return hay.gather(1, src.clamp(0, length - 1)), order
 
 
 def lookup_draft(st, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(draft [B, W], length [B], found [B]) for a DecodeState: the continuation, cut after its first stop."""
+    """(draft [B, W], length [B], order [B]) for a DecodeState: the continuation, cut after its first stop, and
+    the order of its match (0: none found)."""
     hay = torch.cat([st.context, st.out], 1)
-    draft, found = continuation(hay, st.context.shape[1] + st.n_out, width)
+    draft, order = continuation(hay, st.context.shape[1] + st.n_out, width)
     is_stop = (draft[:, :, None] == st.stop_ids[:, None, :]).any(-1)
     length = torch.where(is_stop.any(1), is_stop.long().argmax(1) + 1, width)
-    return draft, length, found
+    return draft, length, order

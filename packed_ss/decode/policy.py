@@ -7,11 +7,15 @@ found, else the proposals the last packed call retained, and m + 1 proposal rows
 are closed under the widest of two (`cover`), so that requests that chose different shapes share one call.
 
 Per request, on the device, in the state (`AdaptiveState`):
-- `look_hit` [B, W]: how often lookup draft token k is right, given a draft (a running mean, weight RATE). Each
+- `look_hit` [B, N + 1, W]: how often lookup draft token k is right, given a draft that follows a match of n
+  tokens (its order, row n; lookup.py tries N = max(NGRAMS) down to 1; row 0 unused), a running mean of weight
+  RATE. The order tells a lot: on SmolLM2's greedy HumanEval outputs a draft after a 4-token match had its first
+  token right 91% of the time and 5.9 of 8 on average, after a 1-token match 28% and 1.0 (bench/RESULTS.md). Each
   lookup draft is scored against the tokens the request then emits (`probe`), whatever shape ran, so a
   request decoding by AR keeps learning what lookup would earn without paying a row for it. Under greedy and
   shared-noise decoding the output does not depend on the draft, so this is exactly what verifying it accepts.
-- `look_found` [B]: how often a lookup draft is found at all (a running mean, weight RATE, from 1).
+- `look_order` [B, N + 1]: how often a lookup finds a match of each order (row 0: none), a running mean of weight
+  RATE, from a longest match every time.
 - `diffusion` [B, P]: tokens per iteration of each packed shape while it verifies diffusion drafts (a running
   mean, from its own runs once they are steady: the shape ran the iteration before too). Between runs it drifts
   back to the prior (DRIFT per iteration), so a request that left diffusion drafts tries them again at a
@@ -53,6 +57,7 @@ from typing import NamedTuple
 
 import torch
 
+from .lookup import NGRAMS
 from .state import DecodeState
 
 RATE = 0.125        # weight of a new observation in a running mean
@@ -104,17 +109,19 @@ def shapes_for(width: int, drafts: str, masks: int = NARROW) -> list[Shape]:
 @dataclass
 class AdaptiveState(DecodeState):
     """DecodeState plus the policy's statistics and choice (module docstring). `probe` [B, W] / `probe_len` the
-    lookup draft being scored, made when the output was `probe_at` tokens long; `lookup_draft` whether the
+    lookup draft being scored, made when the output was `probe_at` tokens long after a match of `probe_order`
+    tokens; `lookup_draft` whether the
     current draft is a lookup draft; `ran` the shape of the last step; `choice` the request's shape for the next
     one; `quiet_until` the call count (nfe) its quiet period ends at, `quiet_run` the length of its next one;
     `queued` whether requests wait for a slot of the batch (the same in every row, written by the scheduler before
     each iteration). The status table carries `choice` and `quiet` to the host."""
     look_hit: torch.Tensor = None
-    look_found: torch.Tensor = None
+    look_order: torch.Tensor = None
     diffusion: torch.Tensor = None
     probe: torch.Tensor = None
     probe_len: torch.Tensor = None
     probe_at: torch.Tensor = None
+    probe_order: torch.Tensor = None
     lookup_draft: torch.Tensor = None
     ran: torch.Tensor = None
     choice: torch.Tensor = None
@@ -141,6 +148,7 @@ class Constants(NamedTuple):
     masks: torch.Tensor             # [S]: mask rows each shape proposes from
     packed: torch.Tensor            # [P]: the packed shapes' indices
     estimate: torch.Tensor          # [S]: a packed shape's column of the diffusion estimates (0 for the others)
+    orders: torch.Tensor            # [N + 1]: the rows of look_hit and look_order, 0 (no match) .. N
 
 
 class Policy:
@@ -197,7 +205,8 @@ class Policy:
                 torch.tensor([s.masks for s in self.shapes], device=device),
                 torch.tensor(self.packed, dtype=torch.int64, device=device),
                 torch.tensor([self.packed.index(i) if i in self.packed else 0 for i in range(len(self.shapes))],
-                             device=device))
+                             device=device),
+                torch.arange(max(NGRAMS) + 1, device=device))
         return self._device[device]
 
     def new_state(self, base: DecodeState) -> AdaptiveState:
@@ -205,20 +214,22 @@ class Policy:
         device = base.done.device
         c = self.constants(device)
         zero = torch.zeros_like(base.n_out)
-        return AdaptiveState(**base.tensors(), look_hit=c.lookup_prior[None].clone(),
-                             look_found=torch.ones_like(base.n_out, dtype=torch.float32),
+        return AdaptiveState(**base.tensors(),
+                             look_hit=c.lookup_prior.expand(1, len(c.orders), -1).clone(),
+                             look_order=(c.orders == c.orders[-1]).to(torch.float32)[None],
                              diffusion=c.diffusion_prior[None].clone(), probe=torch.zeros_like(base.draft),
-                             probe_len=zero.clone(), probe_at=zero.clone(),
+                             probe_len=zero.clone(), probe_at=zero.clone(), probe_order=zero.clone(),
                              lookup_draft=torch.zeros_like(base.done), ran=zero.clone(), choice=zero.clone(),
                              quiet_until=zero.clone(), quiet_run=torch.full_like(zero, QUIET_RUNS[0]),
                              queued=torch.zeros_like(base.done))
 
     # -- after a step ------------------------------------------------------------------------------------------
-    def score_lookup(self, st: AdaptiveState, draft: torch.Tensor, length: torch.Tensor, found: torch.Tensor,
+    def score_lookup(self, st: AdaptiveState, draft: torch.Tensor, length: torch.Tensor, order: torch.Tensor,
                      passive: torch.Tensor | None = None) -> None:
         """Score the probe against the tokens emitted since it was made; once it is settled (a miss seen, or
-        every token compared), fold it into look_hit and probe the new lookup draft (`draft`, `length`, `found`);
-        count whether one was found. `passive` [B]: quiet requests, left as they are."""
+        every token compared), fold it into its order's row of look_hit and probe the new lookup draft (`draft`,
+        `length`, `order`); count the order of its match. `passive` [B]: quiet requests, left as they are."""
+        c = self.constants(draft.device)
         active = ~st.done if passive is None else ~st.done & ~passive
         k = torch.arange(self.width, device=draft.device)
         compared = torch.minimum(st.n_out - st.probe_at, st.probe_len)
@@ -226,10 +237,13 @@ class Policy:
         right = ((seen == st.probe) & (k < compared[:, None])).long().cumprod(1).sum(1)
         settled = (right < compared) | (compared >= st.probe_len)
         observed = (settled & (st.probe_len > 0))[:, None] & (k < st.probe_len[:, None])
-        hit = (k < right[:, None]).to(st.look_hit.dtype)
+        observed = observed[:, None] & (c.orders == st.probe_order[:, None])[:, :, None]       # [B, N + 1, W]
+        hit = (k < right[:, None]).to(st.look_hit.dtype)[:, None]
+        matched = (c.orders == order[:, None]).to(st.look_order.dtype)
         st.assign(active, look_hit=torch.where(observed, st.look_hit + RATE * (hit - st.look_hit), st.look_hit),
-                  look_found=st.look_found + RATE * (found.to(st.look_found.dtype) - st.look_found))
-        st.assign(active & settled, probe=draft, probe_len=torch.where(found, length, 0), probe_at=st.n_out)
+                  look_order=st.look_order + RATE * (matched - st.look_order))
+        st.assign(active & settled, probe=draft, probe_len=torch.where(order > 0, length, 0), probe_at=st.n_out,
+                  probe_order=order)
 
     def observe(self, st: AdaptiveState, ran: torch.Tensor, emitted: torch.Tensor,
                 verified_lookup: torch.Tensor, passive: torch.Tensor | None = None) -> None:
@@ -262,37 +276,43 @@ class Policy:
             return QUIET
         return self.cover([row[0] for row in rows if row is not None])
 
-    def lookup_gain(self, st: AdaptiveState, length: torch.Tensor) -> torch.Tensor:
-        """Expected tokens [B, W] of an iteration verifying each request's lookup draft (`length` tokens) at
-        widths 1..W."""
-        k = torch.arange(self.width, device=length.device)
-        return 1 + (st.look_hit * (k < length[:, None])).cumsum(1)
+    def hit_of(self, st: AdaptiveState, order: torch.Tensor) -> torch.Tensor:
+        """How often each token [B, W] of each request's lookup draft is right, by the order of its match."""
+        return st.look_hit.gather(1, order[:, None, None].expand(-1, 1, self.width)).squeeze(1)
 
-    def prefers_lookup(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor,
+    def lookup_gain(self, hit: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """Expected tokens [B, W] of an iteration verifying each request's lookup draft (`length` tokens, each right
+        as often as `hit` [B, W] says) at widths 1..W."""
+        k = torch.arange(self.width, device=length.device)
+        return 1 + (hit * (k < length[:, None])).cumsum(1)
+
+    def prefers_lookup(self, st: AdaptiveState, length: torch.Tensor, order: torch.Tensor,
                        gain: torch.Tensor | None = None) -> torch.Tensor:
         """Which requests [B] a packed call should give their lookup draft rather than the retained proposals: those
         with a lookup draft expected to earn as much as their best diffusion estimate (`gain`: lookup_gain, if
         already at hand)."""
         if not self.packed:
-            return found
-        gain = self.lookup_gain(st, length) if gain is None else gain
-        return found & (gain[:, -1] >= st.diffusion.amax(1))
+            return order > 0
+        gain = self.lookup_gain(self.hit_of(st, order), length) if gain is None else gain
+        return (order > 0) & (gain[:, -1] >= st.diffusion.amax(1))
 
-    def expected(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor) -> torch.Tensor:
+    def expected(self, st: AdaptiveState, length: torch.Tensor, order: torch.Tensor,
+                 hit: torch.Tensor | None = None) -> torch.Tensor:
         """Expected tokens [B, S] of each request's next iteration in each shape, given its next lookup draft
-        (`length`, `found`): AR one, a lookup shape verifies the lookup draft, a packed one the lookup draft where
+        (`length`, the `order` of its match, 0 for none; `hit`: how often its tokens are right, by default its
+        order's look_hit): AR one, a lookup shape verifies the lookup draft, a packed one the lookup draft where
         the request prefers it (prefers_lookup), else its diffusion draft."""
         c = self.constants(length.device)
-        gain = self.lookup_gain(st, length)
+        gain = self.lookup_gain(self.hit_of(st, order) if hit is None else hit, length)
         at_width = gain[:, c.widths.clamp(min=1) - 1]                                        # [B, S]
-        drafted = torch.where(found[:, None] & (c.widths > 0), at_width, 1.0)
+        drafted = torch.where((order > 0)[:, None] & (c.widths > 0), at_width, 1.0)
         if not self.packed:
             return drafted
-        preferred = self.prefers_lookup(st, length, found, gain)
+        preferred = self.prefers_lookup(st, length, order, gain)
         packed = torch.where(preferred[:, None], at_width, st.diffusion[:, c.estimate])
         return torch.where(c.masks > 0, packed, drafted)
 
-    def choose(self, st: AdaptiveState, length: torch.Tensor, found: torch.Tensor,
+    def choose(self, st: AdaptiveState, length: torch.Tensor, order: torch.Tensor,
                passive: torch.Tensor | None = None) -> None:
         """Each request's shape for the next iteration (`choice`): free, the most expected tokens per ms of the batch
         at its size (every row holds it); per request, each request's most expected tokens per ms at its `marginal`
@@ -301,7 +321,7 @@ class Policy:
         c = self.constants(length.device)
         passive = torch.zeros_like(st.done) if passive is None else passive
         choosing = ~st.done & ~passive
-        expected = self.expected(st, length, found)                                        # [B, S]
+        expected = self.expected(st, length, order)                                        # [B, S]
         if self.per_request:
             cost = self.marginal(c)
             own = self.best(expected, cost)                                                # [B]
@@ -339,10 +359,12 @@ class Policy:
 
     def potential(self, st: AdaptiveState, length: torch.Tensor) -> torch.Tensor:
         """Expected tokens [B, S] of each shape at a coming iteration: with a full lookup draft as often as one is
-        found (`look_found`), else with none."""
-        full = self.expected(st, torch.full_like(length, self.width), torch.ones_like(st.done))
-        none = self.expected(st, torch.zeros_like(length), torch.zeros_like(st.done))
-        return none + st.look_found[:, None] * (full - none)
+        found (`look_order`), right as often as the drafts of its orders are on average, else with none."""
+        found = 1 - st.look_order[:, 0]
+        hit = (st.look_order[:, 1:, None] * st.look_hit[:, 1:]).sum(1) / found.clamp(min=1e-6)[:, None]
+        full = self.expected(st, torch.full_like(length, self.width), torch.full_like(length, max(NGRAMS)), hit)
+        none = self.expected(st, torch.zeros_like(length), torch.zeros_like(length), hit)
+        return none + found[:, None] * (full - none)
 
     @staticmethod
     def best(tokens: torch.Tensor, cost: torch.Tensor) -> torch.Tensor:

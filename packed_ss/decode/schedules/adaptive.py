@@ -98,20 +98,21 @@ class Adaptive(Schedule):
         rejoin unchanged, and the policy scores the lookup draft and chooses."""
         passive = torch.zeros_like(st.done) if passive is None else passive
         if self.looks_up:
-            draft, length, found = lookup_draft(st, self.width)
+            draft, length, order = lookup_draft(st, self.width)
         else:
-            draft, length, found = st.draft, st.draft_len, torch.zeros_like(st.done)
+            draft, length, order = st.draft, st.draft_len, torch.zeros_like(st.draft_len)
+        found = order > 0
         keep = torch.zeros_like(found) if keep is None else keep
-        lookup = found & (self.policy.prefers_lookup(st, length, found) | ~keep) & ~passive
+        lookup = found & (self.policy.prefers_lookup(st, length, order) | ~keep) & ~passive
         st.assign(~st.done, draft=torch.where(lookup[:, None], draft, st.draft),
                   draft_len=torch.where(lookup, length, torch.where(keep & ~passive, st.draft_len, 0)),
                   lookup_draft=lookup)
         if self.sampled and self.looks_up:
             self.point_mass(st, draft, lookup & ~st.done)
         if self.looks_up:
-            self.policy.score_lookup(st, draft, length, found, passive)
+            self.policy.score_lookup(st, draft, length, order, passive)
         if held is not None:
             held, offset = held
             st.done.logical_and_(~held)
             st.offset.copy_(torch.where(held, offset, st.offset))
-        self.policy.choose(st, length, found, passive)
+        self.policy.choose(st, length, order, passive)

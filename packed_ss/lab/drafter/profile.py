@@ -37,7 +37,8 @@ def greedy_drafts(model, seq, cache, starts, width: int, any_order: bool, chunk:
 
 def lookup_drafts(seq: torch.Tensor, starts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(drafts [G, W], found [G]): the lookup drafter's continuation from each prefix seq[:m], m in `starts`."""
-    return continuation(seq[None].expand(len(starts), -1), starts, width)
+    drafts, order = continuation(seq[None].expand(len(starts), -1), starts, width)
+    return drafts, order > 0
 
 
 def replay(drafts: torch.Tensor, seq: torch.Tensor, first: int, width: int, kind: str,

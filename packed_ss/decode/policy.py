@@ -8,8 +8,8 @@ are closed under the widest of two (`cover`), so that requests that chose differ
 
 Per request, on the device, in the state (`AdaptiveState`):
 - `look_hit` [B, N + 1, W]: how often lookup draft token k is right, given a draft that follows a match of n
-  tokens (its order, row n; lookup.py tries N = max(NGRAMS) down to 1; row 0 unused), a running mean of weight
-  RATE. The order tells a lot: on SmolLM2's greedy HumanEval outputs a draft after a 4-token match had its first
+  tokens (its order, row n; lookup.py tries N = max(NGRAMS) down to 1), and in row 0 given any draft, a running
+  mean of weight RATE. The order tells a lot: on SmolLM2's greedy HumanEval outputs a draft after a 4-token match had its first
   token right 91% of the time and 5.9 of 8 on average, after a 1-token match 28% and 1.0 (bench/RESULTS.md). Each
   lookup draft is scored against the tokens the request then emits (`probe`), whatever shape ran, so a
   request decoding by AR keeps learning what lookup would earn without paying a row for it. Under greedy and
@@ -227,8 +227,8 @@ class Policy:
     def score_lookup(self, st: AdaptiveState, draft: torch.Tensor, length: torch.Tensor, order: torch.Tensor,
                      passive: torch.Tensor | None = None) -> None:
         """Score the probe against the tokens emitted since it was made; once it is settled (a miss seen, or
-        every token compared), fold it into its order's row of look_hit and probe the new lookup draft (`draft`,
-        `length`, `order`); count the order of its match. `passive` [B]: quiet requests, left as they are."""
+        every token compared), fold it into its order's row of look_hit and row 0 (any order) and probe the new
+        lookup draft (`draft`, `length`, `order`); count the order of its match. `passive` [B]: quiet requests, left as they are."""
         c = self.constants(draft.device)
         active = ~st.done if passive is None else ~st.done & ~passive
         k = torch.arange(self.width, device=draft.device)
@@ -237,7 +237,8 @@ class Policy:
         right = ((seen == st.probe) & (k < compared[:, None])).long().cumprod(1).sum(1)
         settled = (right < compared) | (compared >= st.probe_len)
         observed = (settled & (st.probe_len > 0))[:, None] & (k < st.probe_len[:, None])
-        observed = observed[:, None] & (c.orders == st.probe_order[:, None])[:, :, None]       # [B, N + 1, W]
+        rows = (c.orders == st.probe_order[:, None]) | (c.orders == 0)                          # [B, N + 1]
+        observed = observed[:, None] & rows[:, :, None]                                        # [B, N + 1, W]
         hit = (k < right[:, None]).to(st.look_hit.dtype)[:, None]
         matched = (c.orders == order[:, None]).to(st.look_order.dtype)
         st.assign(active, look_hit=torch.where(observed, st.look_hit + RATE * (hit - st.look_hit), st.look_hit),
@@ -359,9 +360,10 @@ class Policy:
 
     def potential(self, st: AdaptiveState, length: torch.Tensor) -> torch.Tensor:
         """Expected tokens [B, S] of each shape at a coming iteration: with a full lookup draft as often as one is
-        found (`look_order`), right as often as the drafts of its orders are on average, else with none."""
+        found (`look_order`), right as often as any of its drafts (row 0 of look_hit: a rarely seen order's row
+        stays near its prior, which comes from greedy text), else with none."""
         found = 1 - st.look_order[:, 0]
-        hit = (st.look_order[:, 1:, None] * st.look_hit[:, 1:]).sum(1) / found.clamp(min=1e-6)[:, None]
+        hit = st.look_hit[:, 0]
         full = self.expected(st, torch.full_like(length, self.width), torch.full_like(length, max(NGRAMS)), hit)
         none = self.expected(st, torch.zeros_like(length), torch.zeros_like(length), hit)
         return none + found[:, None] * (full - none)

@@ -9,11 +9,12 @@ are closed under the widest of two (`cover`), so that requests that chose differ
 Per request, on the device, in the state (`AdaptiveState`):
 - `look_hit` [B, N + 1, W]: how often lookup draft token k is right, given a draft that follows a match of n
   tokens (its order, row n; lookup.py tries N = max(NGRAMS) down to 1), and in row 0 given any draft, a running
-  mean of weight RATE. The order tells a lot: on SmolLM2's greedy HumanEval outputs a draft after a 4-token match had its first
-  token right 91% of the time and 5.9 of 8 on average, after a 1-token match 28% and 1.0 (bench/RESULTS.md). Each
-  lookup draft is scored against the tokens the request then emits (`probe`), whatever shape ran, so a
-  request decoding by AR keeps learning what lookup would earn without paying a row for it. Under greedy and
-  shared-noise decoding the output does not depend on the draft, so this is exactly what verifying it accepts.
+  mean of weight RATE. The order tells a lot: on SmolLM2's greedy HumanEval outputs a draft after a 4-token
+  match had its first token right 91% of the time and 5.9 of 8 on average, after a 1-token match 28% and 1.0
+  (bench/lookup_orders.py). Each lookup draft is scored against the tokens the request then emits (`probe`),
+  whatever shape ran, so a request decoding by AR keeps learning what lookup would earn without paying a row for
+  it. Under greedy and shared-noise decoding the output does not depend on the draft, so this is exactly what
+  verifying it accepts.
 - `look_order` [B, N + 1]: how often a lookup finds a match of each order (row 0: none), a running mean of weight
   RATE, from a longest match every time.
 - `diffusion` [B, P]: tokens per iteration of each packed shape while it verifies diffusion drafts (a running
@@ -110,11 +111,11 @@ def shapes_for(width: int, drafts: str, masks: int = NARROW) -> list[Shape]:
 class AdaptiveState(DecodeState):
     """DecodeState plus the policy's statistics and choice (module docstring). `probe` [B, W] / `probe_len` the
     lookup draft being scored, made when the output was `probe_at` tokens long after a match of `probe_order`
-    tokens; `lookup_draft` whether the
-    current draft is a lookup draft; `ran` the shape of the last step; `choice` the request's shape for the next
-    one; `quiet_until` the call count (nfe) its quiet period ends at, `quiet_run` the length of its next one;
-    `queued` whether requests wait for a slot of the batch (the same in every row, written by the scheduler before
-    each iteration). The status table carries `choice` and `quiet` to the host."""
+    tokens; `lookup_draft` whether the current draft is a lookup draft; `ran` the shape of the last step;
+    `choice` the request's shape for the next one; `quiet_until` the call count (nfe) its quiet period ends at,
+    `quiet_run` the length of its next one; `queued` whether requests wait for a slot of the batch (the same in
+    every row, written by the scheduler before each iteration). The status table carries `choice` and `quiet` to
+    the host."""
     look_hit: torch.Tensor = None
     look_order: torch.Tensor = None
     diffusion: torch.Tensor = None
@@ -148,7 +149,7 @@ class Constants(NamedTuple):
     masks: torch.Tensor             # [S]: mask rows each shape proposes from
     packed: torch.Tensor            # [P]: the packed shapes' indices
     estimate: torch.Tensor          # [S]: a packed shape's column of the diffusion estimates (0 for the others)
-    orders: torch.Tensor            # [N + 1]: the rows of look_hit and look_order, 0 (no match) .. N
+    orders: torch.Tensor            # [N + 1]: 0 .. N, the rows of look_hit (0: any draft) and look_order (0: none)
 
 
 class Policy:
@@ -228,7 +229,8 @@ class Policy:
                      passive: torch.Tensor | None = None) -> None:
         """Score the probe against the tokens emitted since it was made; once it is settled (a miss seen, or
         every token compared), fold it into its order's row of look_hit and row 0 (any order) and probe the new
-        lookup draft (`draft`, `length`, `order`); count the order of its match. `passive` [B]: quiet requests, left as they are."""
+        lookup draft (`draft`, `length`, `order`); count the order of its match. `passive` [B]: quiet requests,
+        left as they are."""
         c = self.constants(draft.device)
         active = ~st.done if passive is None else ~st.done & ~passive
         k = torch.arange(self.width, device=draft.device)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import warnings
 from functools import partial
 from typing import Iterator
 
@@ -11,7 +10,7 @@ from tqdm import tqdm
 
 from .checks import check_drafts, check_int, check_request, check_requests
 from .decode.any_order import ORDERS
-from .decode.epilogue import EPILOGUES, make_epilogue, native_unavailable_reason
+from .decode.epilogue import EPILOGUES, make_epilogue, pick_epilogue
 from .decode.policy import COST_BATCH, NARROW, Policy, shapes_for
 from .decode.sampling import SamplingParams
 from .decode.registry import schedules
@@ -21,6 +20,7 @@ from .model.dual_mode import PAGE_SIZE, DualModeModel
 from .runtime import GenerateResult, Request, Runtime
 from .runtime.executor import executor_for
 from .runtime.batch import CACHE_QUANTUM
+from .runtime.admission import MAX_BATCH
 from .runtime.kv_pool import KVUsage
 from .runtime.loop import PREFILL_CHUNK
 from .runtime.scheduler import Group
@@ -28,7 +28,6 @@ from .runtime.program import call_layouts
 from .width import call_cost, choose_width, machine, model_fingerprint, profile_kind, remembered, step_overhead
 
 MAX_WIDTH = 64
-MAX_BATCH = 256
 DEFAULT_WIDTH = 8
 PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for width="auto"
 
@@ -49,7 +48,8 @@ class Engine:
                  backend: str | None = None, compile: bool | str = False, max_seq_len: int | None = None,
                  epilogue: str | None = None, cuda_graph: bool = False, order: str | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, sampler: str | None = None, kv_cache_bytes: int | None = None,
-                 drafts: str | None = None, prefix_cache: bool = True, page_size: int = PAGE_SIZE):
+                 drafts: str | None = None, prefix_cache: bool = True, page_size: int = PAGE_SIZE,
+                 max_batch: int = MAX_BATCH):
         """`schedule`: "adaptive" (the default for left-to-right models), "packed" (for any-order ones), "linear",
         "quadratic", "ar", or "lookup" (drafts by n-gram lookup alone, verified in one causal call).
         "adaptive" picks each iteration's call among a few prebuilt shapes - AR, lookup drafts verified alone,
@@ -92,7 +92,8 @@ class Engine:
         does not fit the pool alone is a ValueError. `prefix_cache`: a prompt that starts with the tokens of an earlier
         request's full pages (its prompt, or prompt and output) shares their K/V and prefills only the rest; the
         tokens are the same with it on or off (float64; in lower precision up to the rounding of a call of
-        other rows, see README).
+        other rows, see README). `max_batch`: the most requests in one batch, one model call; later ones wait for a
+        slot in its queue (a server's `--max-batch`).
 
         `epilogue`: "native" ends each step (acceptance, residual / bonus draw, emit, retain) in one call
         of the compiled epilogue (csrc/, packed_ss/epilogue/), "torch" in the plain-torch reference;
@@ -135,16 +136,17 @@ class Engine:
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         check_int("max_seq_len", self.max_seq_len, 2)
         check_int("prefill_chunk", prefill_chunk, 1)
+        check_int("max_batch", max_batch, 1, MAX_BATCH)
         if kv_cache_bytes is not None:
             check_int("kv_cache_bytes", kv_cache_bytes, 1)
         check_int("page_size", page_size, 1, CACHE_QUANTUM)
         if CACHE_QUANTUM % page_size:
             raise ValueError(f"page_size must divide {CACHE_QUANTUM}, got {page_size}")
-        self.epilogue = self._pick_epilogue(epilogue, model.device)
+        self.epilogue = pick_epilogue(epilogue, model.device)
         self.backend = backend or ("triton" if model.device.type == "cuda" else "torch")
         executor = executor_for(cuda_graph, ("inductor" if compile is True else compile) or None)
         self.runtime = Runtime(model, attention_backend(self.backend), executor, self.max_seq_len, prefill_chunk,
-                               kv_cache_bytes, page_size, bool(prefix_cache))
+                               kv_cache_bytes, page_size, bool(prefix_cache), max_batch)
         self._programs: dict[bool, object] = {}
         self.width_source = "given"
         self.policy_type = Policy          # the adaptive schedule's (tests put a policy that switches at will)
@@ -204,18 +206,6 @@ class Engine:
         prompt = [t for t in range(2, 2 + PROBE_PROMPT + 1) if t != mask][:PROBE_PROMPT]
         request, _ = check_request(self, prompt, new_tokens, 0.0, None, None, None, [], None, None)
         return self._drain(self.runtime.decode(self._build(width, False, self.epilogue), [request]))[0]
-
-    @staticmethod
-    def _pick_epilogue(epilogue: str | None, device) -> str:
-        if epilogue == "torch":
-            return "torch"
-        reason = native_unavailable_reason(device)
-        if reason is None:
-            return "native"
-        if epilogue == "native":
-            raise RuntimeError(reason)
-        warnings.warn(f"packed-ss: using the torch epilogue: {reason}", RuntimeWarning, stacklevel=3)
-        return "torch"
 
     def program(self, params: SamplingParams):
         """The schedule bound to this engine's model, width and epilogue that decodes requests like `params`: one
@@ -324,10 +314,13 @@ class Engine:
         """The K/V pool now: pages held, published in the prefix cache, its hits, evictions and preemptions."""
         return self.runtime.kv_usage()
 
-    def step(self, waiting: bool = False) -> bool:
-        """One step of every running batch (admission, one iteration, the poll); whether work remains. `waiting`:
-        the caller holds requests back for want of a slot (a server's queue; decode/policy.py bets on it)."""
-        return self.runtime.step(waiting)
+    def step(self) -> bool:
+        """One step of every running batch (admission, one iteration, the poll); whether work remains."""
+        return self.runtime.step()
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) requests now."""
+        return self.runtime.load()
 
     def abort(self, group: Group) -> None:
         """The request leaves its batch at once; its slot is free for the next. If it was running, its result so

@@ -118,17 +118,24 @@ def test_the_policy_sees_requests_waiting_for_a_slot(random_model, monkeypatch):
     assert 0 < waited < len(seen) and seen == [{True}] * waited + [{False}] * (len(seen) - waited)
 
 
-def test_a_caller_says_requests_wait_outside_the_engine(random_model, monkeypatch):
-    """A server holds requests back beyond its batch: `Engine.step(waiting=True)` tells the policy so."""
+def test_requests_beyond_max_batch_wait_in_the_engines_queue(random_model, monkeypatch):
+    """Requests added one by one (a server's) to an engine of max_batch 2: at most two run at once, the policy sees
+    the others wait (`queued`) until the last is admitted, and each gets what it gets alone."""
     seen, iterate = [], Batch.iterate
-    monkeypatch.setattr(Batch, "iterate", lambda self, *a, **k: (seen.append(self.state.queued.tolist()),
+    monkeypatch.setattr(Batch, "iterate", lambda self, *a, **k: (seen.append(set(self.state.queued.tolist())),
                                                                   iterate(self, *a, **k))[1])
-    engine = packed_ss.Engine(random_model)
-    engine.add(engine.request([5, 6, 7, 5, 6], 30, eos_token_id=[]))
-    told = [True, True, False, True, False]
-    for waiting in told:
-        engine.step(waiting=waiting)
-    assert seen == [[w] for w in told]
+    prompts = [[5, 6, 7, 5, 6], [1, 2, 3], list(range(30, 50)), [9, 9, 9], [60, 3]]
+    engine = packed_ss.Engine(random_model, max_batch=2)
+    groups = [engine.add(engine.request(p, 12 + 3 * i, eos_token_id=[])) for i, p in enumerate(prompts)]
+    loads = []
+    while engine.step():
+        loads.append(engine.load())
+    assert max(running for running, _ in loads) == 2 and loads[0] == (2, 3) and engine.load() == (0, 0)
+    waited = seen.count({True})
+    assert 0 < waited < len(seen) and seen == [{True}] * waited + [{False}] * (len(seen) - waited)
+    alone = packed_ss.Engine(random_model)
+    assert [g.results[0].tokens for g in groups] == [alone.generate(p, 12 + 3 * i, eos_token_id=[]).tokens
+                                                     for i, p in enumerate(prompts)]
 
 
 def test_greedy_default_equals_ar_on_float64(random_model):

@@ -361,30 +361,33 @@ def test_request_level_interface(model):
     assert partial.nfe > 1 and not engine.step()
 
 
-def test_the_servers_decode_thread_says_when_requests_wait(model, monkeypatch):
-    """The server's decode thread adds at most max_batch requests to the engine and holds the rest: while it holds
-    any, its steps tell the engine so (Engine.step(waiting=True), which the adaptive policy bets on), and once
-    the last is added, not; every request still gets what it gets alone."""
+def test_the_servers_requests_wait_in_the_engines_queue(model, monkeypatch):
+    """The server's decode thread hands every request to the engine at once (one admission layer). One greedy and
+    two sampled requests on an adaptive engine of max_batch 1: its greedy and its sampled batch run one request
+    each and its queue holds the other sampled one, as the worker counts them; beyond max_waiting `submit`
+    refuses; every request still gets what it gets alone."""
     import asyncio
     from packed_ss.serve.metrics import Metrics
-    from packed_ss.serve.worker import DecodeWorker
-    engine = packed_ss.Engine(model)
-    told, step = [], engine.step
-    monkeypatch.setattr(engine, "step", lambda waiting=False: (told.append(waiting), step(waiting))[1])
+    from packed_ss.serve.worker import DecodeWorker, QueueFull
+    engine = packed_ss.Engine(model, max_batch=1)
     reqs = [engine.request(**r) for r in requests(3)]
+    loads, load = [], engine.load
+    monkeypatch.setattr(engine, "load", lambda: (loads.append(load()), loads[-1])[1])     # after every step
 
     async def served():
-        worker = DecodeWorker(engine, Metrics(engine.width), max_batch=1, max_waiting=8)
+        worker = DecodeWorker(engine, Metrics(engine.width), max_waiting=3)
+        pending = [worker.submit(r, len(r.prompt)) for r in reqs]      # all in the inbox before the thread runs
+        with pytest.raises(QueueFull):
+            worker.submit(reqs[0], len(reqs[0].prompt))
         worker.start()
-        pending = [worker.submit(r, len(r.prompt)) for r in reqs]
         results = []
         for p in pending:
             while (event := await p.events.get())[0] != "done":
                 assert event[0] == "tokens"
             results.append(event[1].tokens)
         worker.stop()
-        return results
-    got = asyncio.run(served())
+        return results, worker.counts
+    got, final = asyncio.run(served())
     assert got == [engine.generate(**r).tokens for r in requests(3)]
-    waited = told.count(True)
-    assert 0 < waited < len(told) and told == [True] * waited + [False] * (len(told) - waited)
+    assert [r.params.greedy for r in reqs] == [True, False, False]
+    assert loads[0] == (2, 1) and max(running for running, _ in loads) == 2 and loads[-1] == final == (0, 0)

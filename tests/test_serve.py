@@ -50,9 +50,9 @@ def served():
     path = packed_ss.default_model_path()
     model = packed_ss.load_model(path, dtype=torch.float32)
     tok = packed_ss.load_tokenizer(path)
-    engine = packed_ss.Engine(model, schedule="packed", width=3)
+    engine = packed_ss.Engine(model, schedule="packed", width=3, max_batch=16)
     reference = packed_ss.Engine(model, schedule="packed", width=3)   # offline, its own runtime
-    app = make_app(engine, tok, NAME, path, api_key=API_KEY, max_batch=16, max_waiting=64)
+    app = make_app(engine, tok, NAME, path, api_key=API_KEY, max_waiting=64)
     server = Served(app)
     yield server, reference, tok, app
     server.stop()

@@ -13,7 +13,7 @@ from .request import Request
 from .running import Group, Prefilling, Running
 from .staging import staged
 
-MAX_SLOTS = 256   # requests in one batch at most
+MAX_BATCH = 256   # requests in one batch at most
 
 
 class Admission:
@@ -34,17 +34,20 @@ class Admission:
             admissible.append((group, i))
         return admissible, None
 
+    @property
+    def occupied(self) -> int:
+        """Requests holding a slot: running, or a long prompt reading in."""
+        return sum(r is not None for r in self.running) + len(self.prefilling)
+
     def _free(self) -> list[int]:
         return [b for b, r in enumerate(self.running) if r is None and b not in self.prefilling]
 
     def _admit(self) -> None:
-        most = self.program.max_batch or MAX_SLOTS
+        most = min(self.program.max_batch or MAX_BATCH, self.runtime.max_batch)
         admissible, blocked = self._admissible()
-        if self.batch is not None:
-            if blocked is not None and self._lengthen(blocked):
-                admissible, _ = self._admissible()
-            if self.batch.slots >= most:                          # it cannot grow: the free slots only
-                admissible = admissible[:len(self._free())]
+        if self.batch is not None and blocked is not None and self._lengthen(blocked):
+            admissible, _ = self._admissible()
+        admissible = admissible[:most - self.occupied]            # the rest wait for a slot
         if not admissible:
             return
         if self.batch is None:
@@ -195,8 +198,7 @@ class Admission:
     def _grow(self, more: int, most: int) -> None:
         """At least `more` free slots: the running requests move to a batch of twice the slots (or as many as
         needed; at most `most`)."""
-        taken = sum(r is not None for r in self.running) + len(self.prefilling)
-        self._regrow(min(max(2 * self.batch.slots, taken + more), most))
+        self._regrow(min(max(2 * self.batch.slots, self.occupied + more), most))
 
     def _lengthen(self, request: Request) -> bool:
         """A request that blocks the queue because it needs a longer cache than the batch's table holds (its other

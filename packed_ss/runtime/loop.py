@@ -28,7 +28,7 @@ from .batch import CACHE_QUANTUM, Batch, Clock, Shape
 from .executor import Eager, Executor
 from .kv_pool import KVPool, KVUsage, pages_for, pool_pages
 from .program import ModelInput, Step
-from .admission import MAX_SLOTS
+from .admission import MAX_BATCH
 from .request import GenerateResult, Request, SamplingParams
 from .scheduler import Group, Scheduler
 from .staging import staged
@@ -46,15 +46,17 @@ class Runtime:
     (kv_pool.py; None: a fraction of the device's memory, `pool_pages`), in pages of `page_size` cache
     positions; a scheduler admits requests while the pool has pages for them and preempts the latest when a
     running one needs a page it cannot have. `prefix_cache`: prompts share the published pages of earlier
-    requests' prompts and outputs (kv_pool.py)."""
+    requests' prompts and outputs (kv_pool.py). `max_batch`: the most requests in one batch (at most
+    MAX_BATCH); the others wait in its scheduler's queue, in order."""
 
     def __init__(self, model: DualModeModel, attend, executor: Executor | None = None, max_seq_len: int | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, kv_cache_bytes: int | None = None, page_size: int = PAGE_SIZE,
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, max_batch: int = MAX_BATCH):
         self.model, self.attend, self.executor = model, attend, executor or Eager()
         self.max_seq_len = max_seq_len or model.cfg.max_seq_len
         self.prefill_chunk = prefill_chunk
         self.kv_cache_bytes, self.page_size, self.prefix_cache = kv_cache_bytes, page_size, prefix_cache
+        self.max_batch = max_batch
         self._pool: KVPool | None = None
         self._lock = threading.RLock()
         self._batches: dict[tuple, Batch] = {}        # (id(program), slots) -> batch kept (keeps_batches)
@@ -145,11 +147,12 @@ class Runtime:
     @property
     def pool(self) -> KVPool:
         """The K/V pool every batch of this runtime takes pages from, made at its full size when first needed."""
-        with self._lock:                  # a server's metrics may ask from another thread
-            if self._pool is None:
-                cap = MAX_SLOTS * (self.max_seq_len + CACHE_QUANTUM)      # more than any batch could ever hold
-                self._pool = KVPool(self.model, pool_pages(self.model, self.page_size, cap, self.kv_cache_bytes),
-                                    self.page_size)
+        if self._pool is None:
+            with self._lock:              # a server's metrics may ask from another thread
+                if self._pool is None:
+                    cap = MAX_BATCH * (self.max_seq_len + CACHE_QUANTUM)      # more than any batch could ever hold
+                    self._pool = KVPool(self.model, pool_pages(self.model, self.page_size, cap,
+                                                               self.kv_cache_bytes), self.page_size)
         return self._pool
 
     def kv_usage(self) -> KVUsage:
@@ -209,19 +212,24 @@ class Runtime:
         with self._lock:
             return self.scheduler(program).add(requests, slots, stream)
 
-    def step(self, waiting: bool = False) -> bool:
+    def step(self) -> bool:
         """One step of every scheduler with work, under the lock; whether any has work left. A step that fails
-        ends its scheduler's requests with the error (their groups' `error`) and the others go on. `waiting`:
-        requests wait for a slot outside the runtime too (a server's queue; Scheduler.step)."""
+        ends its scheduler's requests with the error (their groups' `error`) and the others go on."""
         with self._lock:
             for _, scheduler in list(self._schedulers.values()):
                 if not scheduler.idle:
                     self._last = scheduler
                     try:
-                        scheduler.step(waiting)
+                        scheduler.step()
                     except Exception:   # noqa: BLE001 -- recorded on the groups by Scheduler._fail
                         pass
             return any(not scheduler.idle for _, scheduler in self._schedulers.values())
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) requests in all its batches now."""
+        with self._lock:
+            schedulers = [scheduler for _, scheduler in self._schedulers.values()]
+            return sum(s.occupied for s in schedulers), sum(len(s.waiting) for s in schedulers)
 
     def abort(self, group: Group) -> None:
         """The group's requests leave their batch; a running one's result so far is kept in `group.results`."""

@@ -5,8 +5,8 @@ Callers (`Runtime.decode`: a generate, a stream, a batch, a thread) add their re
 the loop themselves: whichever caller needs tokens it does not have yet runs `step` under the runtime's lock,
 and every request's tokens and result land in its own group's events, so a caller gets exactly what its
 requests get alone, whoever ran the iteration that made them. A step:
-1. admits waiting requests into free slots while the K/V pool has pages for them (those in consecutive slots
-   prefill in one call; the batch grows when it has no free slot, and widens its page table for a request
+1. admits waiting requests into free slots, up to the runtime's `max_batch`, while the K/V pool has pages for
+   them (those in consecutive slots prefill in one call; the batch grows when it has no free slot, and widens its page table for a request
    whose prompt and new tokens do not fit it; a request whose other shapes (stop tables, length cap) do not
    fit waits, and holds the queue, until the batch has drained). A prompt that starts with pages in the
    prefix cache (kv_pool.py) shares them and prefills only the rest. A prompt longer than the runtime's
@@ -99,9 +99,8 @@ class Scheduler(Admission):
             self._end_if_idle()
 
     # -- one turn of the loop ------------------------------------------------------------------------------
-    def step(self, waiting: bool = False) -> None:
-        """Admit, iterate, read what is due, hand it out, compact (module docstring). Under the runtime's lock.
-        `waiting`: requests wait for a slot outside this scheduler's queue too (a server's)."""
+    def step(self) -> None:
+        """Admit, iterate, read what is due, hand it out, compact (module docstring). Under the runtime's lock."""
         if self.idle:
             return
         checked = SyncCheck() if SyncCheck.wanted(self.runtime.model.device) else contextlib.nullcontext()
@@ -128,7 +127,7 @@ class Scheduler(Admission):
                     for r in live if len(live) > 1 else ():
                         r.shared = True
                     if self.program.policy is not None:     # a quick request's tokens are worth more while others wait
-                        batch.state.queued.fill_(waiting or bool(self.waiting))
+                        batch.state.queued.fill_(bool(self.waiting))
                     with checked:
                         self.batch.iterate(first=self.iterations == 1, shape=self.shape)
                         self.batch.poll.issue()

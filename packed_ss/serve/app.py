@@ -27,9 +27,10 @@ from .protocol import APIError, Job, parse, plain_chat
 
 
 def make_app(engine, tokenizer, model_name: str, model_dir: Path | None = None, api_key: str | None = None,
-             max_batch: int = 64, max_waiting: int = 256) -> FastAPI:
-    """The server over one Engine in this process."""
-    decoder = Decoder(engine, tokenizer.decode, max_batch, max_waiting)
+             max_waiting: int = 256) -> FastAPI:
+    """The server over one Engine in this process; `max_waiting`: requests in the engine's queue at most (more are
+    refused, 429)."""
+    decoder = Decoder(engine, tokenizer.decode, max_waiting)
     app = openai_app(decoder, tokenizer, model_name, model_dir, api_key, [decoder.start], [decoder.stop])
     app.state.worker, app.state.metrics = decoder.worker, decoder.metrics
     return app

@@ -28,9 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=_width, default="auto", help="draft width: auto (default) or an integer")
     p.add_argument("--sampler", choices=("rejection", "gumbel"), default=None,
                    help="how sampled drafts are verified (both exact; default rejection)")
-    p.add_argument("--max-batch", type=int, default=64, help="requests decoded at once at most (default 64)")
+    p.add_argument("--max-batch", type=int, default=64,
+                   help="requests in one batch (one model call) at most (default 64); later ones wait in the engine's "
+                        "queue")
     p.add_argument("--max-waiting", type=int, default=256,
-                   help="requests queued beyond those; more get HTTP 429 (default 256)")
+                   help="requests in that queue at most; more get HTTP 429 (default 256)")
     p.add_argument("--draft-adapter", default=None, help="drafting adapter directory (default: the model's own)")
     p.add_argument("--no-draft-adapter", action="store_true", help="serve without the model's drafting adapter")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -57,9 +59,10 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             print(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
             return 2
+    adapter = None if args.no_draft_adapter else (args.draft_adapter or "auto")
     spec = EngineSpec(model=args.model, device=args.device, dtype=args.dtype, schedule=args.schedule, width=args.width,
                       sampler=args.sampler, cuda_graph=args.cuda_graph, prefix_cache=not args.no_prefix_cache,
-                      draft_adapter=None if args.no_draft_adapter else (args.draft_adapter or "auto"))
+                      max_batch=args.max_batch, draft_adapter=adapter)
     if args.replicas is not None:
         return replicated(spec, args)
     try:
@@ -73,7 +76,7 @@ def main(argv=None) -> int:
     path = resolve_model(args.model)
     engine = spec.build()
     app = make_app(engine, load_tokenizer(path), args.served_model_name or path.name, path, args.api_key,
-                   args.max_batch, args.max_waiting)
+                   args.max_waiting)
     print(f"packed-ss: serving {path} ({engine.schedule_name}, W = {engine.width}, dtype {dtype_said(engine.model)}) "
           f"on http://{args.host}:{args.port}")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -89,7 +92,7 @@ def replicated(spec: EngineSpec, args) -> int:
         return 2
     try:
         return serve_locally(spec, args.host, args.port, num_replicas=args.replicas, num_cpus=args.replica_cpus,
-                             num_gpus=args.replica_gpus, max_batch=args.max_batch, max_waiting=args.max_waiting,
+                             num_gpus=args.replica_gpus, max_waiting=args.max_waiting,
                              api_key=args.api_key, served_model_name=args.served_model_name)
     except ValueError as err:
         print(f"error: {err}")

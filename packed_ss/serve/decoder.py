@@ -46,12 +46,12 @@ def figures(tokens: list[int], result) -> dict:
 
 
 class Decoder:
-    def __init__(self, engine, decode, max_batch: int, max_waiting: int):
+    def __init__(self, engine, decode, max_waiting: int):
         """`decode(token ids) -> text`: the tokenizer's."""
         self.engine, self.decode = engine, decode
         self.eos = set(engine.model.cfg.eos_token_ids)
         self.metrics = Metrics(engine.width)
-        self.worker = DecodeWorker(engine, self.metrics, max_batch, max_waiting)
+        self.worker = DecodeWorker(engine, self.metrics, max_waiting)
 
     def start(self) -> None:
         self.worker.start()

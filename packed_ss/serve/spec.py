@@ -30,12 +30,13 @@ class EngineSpec(BaseModel):
     draft_adapter: str | None = "auto"       # "auto": the model's own; None: none
     cuda_graph: bool = False
     prefix_cache: bool = True
+    max_batch: int = 64                      # requests in one batch; later ones wait in the engine's queue
 
     def build(self) -> Engine:
         model = load_model(resolve_model(self.model), device=self.device, dtype=dtype_named(self.dtype),
                            draft_adapter=self.draft_adapter)
         return Engine(model, schedule=self.schedule, width=self.width, sampler=self.sampler,
-                      cuda_graph=self.cuda_graph, prefix_cache=self.prefix_cache)
+                      cuda_graph=self.cuda_graph, prefix_cache=self.prefix_cache, max_batch=self.max_batch)
 
     def resolved(self, engine: Engine):
         """This spec with what `engine`, built from it, chose."""

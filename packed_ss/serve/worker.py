@@ -1,13 +1,14 @@
 """The server's one decode loop: a thread that runs every HTTP request on one Engine.
 
 A handler checks its request (`engine.request(...)`, on the event loop, before anything runs) and `submit`s
-it. The thread adds up to `max_batch` of them to the engine (the rest wait, at most `max_waiting`: beyond
-that `submit` refuses). Requests added together join the running batch at the same step, so they prefill in
-one call; sampled ones are added first, so that greedy ones join their batch (Engine.joining). Every step is
-one iteration of the whole batch (`engine.step()`, told whether requests wait here), after which each
-request's new tokens go to its handler's asyncio queue through its event loop (one wake-up of the loop per step
-for all of them): the loop never blocks on decoding. A cancelled request (a client gone, a stop string reached)
-is aborted and its slot freed.
+it. The thread adds it to the engine at once: the engine runs up to its `max_batch` of them in a batch and
+queues the rest, the one admission layer (so the adaptive policy sees the queue it bets on). `submit` refuses
+a request while `max_waiting` wait. Requests added together join the running batch at the same step, so they
+prefill in one call; sampled ones are added first, so that greedy ones join their batch (Engine.joining).
+Every step is one iteration of the whole batch (`engine.step()`), after which each request's new tokens go to
+its handler's asyncio queue through its event loop (one wake-up of the loop per step for all of them): the
+loop never blocks on decoding. A cancelled request (a client gone, a stop string reached) is aborted and its
+slot freed.
 """
 from __future__ import annotations
 
@@ -46,13 +47,13 @@ def _put_all(items: list) -> None:
 
 
 class DecodeWorker:
-    def __init__(self, engine, metrics: Metrics, max_batch: int, max_waiting: int):
-        self.engine, self.metrics, self.max_batch, self.max_waiting = engine, metrics, max_batch, max_waiting
-        self.waiting: list[Pending] = []
-        self.active: list[Pending] = []
+    def __init__(self, engine, metrics: Metrics, max_waiting: int):
+        self.engine, self.metrics, self.max_waiting = engine, metrics, max_waiting
+        self.active: list[Pending] = []  # in the engine: running or in its queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: dict[asyncio.AbstractEventLoop, list] = {}   # events for the handlers, sent once per pass
-        self._queued = 0                 # submitted, not yet added (the bound of max_waiting)
+        self._submitted = 0              # submitted, not yet ended
+        self._running = 0                # of them, running at the last step (the engine's load)
         self._count_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="packed-ss decode", daemon=True)
         self._stopping = False
@@ -68,9 +69,10 @@ class DecodeWorker:
     # -- the handlers' side (event loop thread) -------------------------------------------------------------
     def submit(self, request, prompt_tokens: int) -> Pending:
         with self._count_lock:
-            if self._queued >= self.max_waiting + max(0, self.max_batch - len(self.active)):
-                raise QueueFull(f"{self._queued} requests are waiting (--max-waiting {self.max_waiting})")
-            self._queued += 1
+            if self._submitted - self._running >= self.max_waiting:
+                raise QueueFull(f"{self._submitted - self._running} requests are waiting "
+                                f"(--max-waiting {self.max_waiting})")
+            self._submitted += 1
         pending = Pending(request, prompt_tokens, asyncio.get_running_loop())
         self._inbox.put(pending)
         return pending
@@ -85,26 +87,24 @@ class DecodeWorker:
 
     @property
     def counts(self) -> tuple[int, int]:
-        """(running, waiting)."""
-        return len(self.active), self._queued
+        """(running, waiting) at the last step."""
+        return self._running, self._submitted - self._running
 
     # -- the decode thread -----------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopping:
-            self._take(block=not self.active and not self.waiting)
-            joining = self.waiting[:max(0, self.max_batch - len(self.active))]
-            del self.waiting[:len(joining)]
-            for pending in sorted(joining, key=lambda p: p.request.params.greedy):    # sampled ones first
-                self._add(pending)
+            for pending in sorted(self._take(block=not self.active), key=lambda p: p.request.params.greedy):
+                self._add(pending)                                              # sampled ones first
             for pending in [p for p in self.active if p.cancelled]:
                 self.engine.abort(pending.group)
                 self._end(pending, "aborted", pending.group.results[0], request_aborted=1)
             if self.active:
                 began = time.perf_counter()
-                self.engine.step(waiting=bool(self.waiting))
+                self.engine.step()
                 self.metrics.add(decode_busy_seconds=time.perf_counter() - began)
             for pending in list(self.active):
                 self._deliver(pending)
+            self._running = self.engine.load()[0]
             self._flush()
 
     def _send(self, pending: Pending, kind: str, value) -> None:
@@ -115,31 +115,36 @@ class DecodeWorker:
             loop.call_soon_threadsafe(_put_all, items)
         self._outbox = {}
 
-    def _take(self, block: bool) -> None:
+    def _take(self, block: bool) -> list[Pending]:
+        """The requests submitted since the last pass (one cancelled already is answered here)."""
+        taken = []
         try:
             item = self._inbox.get(block=block)
             while True:
                 if isinstance(item, Pending):
-                    self.waiting.append(item)
+                    taken.append(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
-        for pending in [p for p in self.waiting if p.cancelled]:
-            self.waiting.remove(pending)
-            with self._count_lock:
-                self._queued -= 1
+        for pending in [p for p in taken if p.cancelled]:
+            taken.remove(pending)
+            self._ended()
             self._send(pending, "aborted", None)
+        return taken
 
     def _add(self, pending: Pending) -> None:
-        with self._count_lock:
-            self._queued -= 1
         try:
             pending.group = self.engine.add(pending.request)
         except ValueError as err:         # e.g. a K/V budget it cannot fit
+            self._ended()
             self.metrics.add(request_failure=1)
             self._send(pending, "error", err)
             return
         self.active.append(pending)
+
+    def _ended(self) -> None:
+        with self._count_lock:
+            self._submitted -= 1
 
     def _deliver(self, pending: Pending) -> None:
         """The request's new tokens since the last step, and its end."""
@@ -160,6 +165,7 @@ class DecodeWorker:
 
     def _end(self, pending: Pending, kind: str, value, **counts) -> None:
         self.active.remove(pending)
+        self._ended()
         if counts:
             self.metrics.add(**counts)
         self._send(pending, kind, value)

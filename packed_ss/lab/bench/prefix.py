@@ -147,7 +147,7 @@ def serving(model, tokenizer, args) -> dict:
     clients = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
     servers, urls = [], {}
     for cache in (True, False):
-        app = make_app(Engine(model, prefix_cache=cache), tokenizer, "default", max_batch=args.clients,
+        app = make_app(Engine(model, prefix_cache=cache, max_batch=args.clients), tokenizer, "default",
                        max_waiting=args.clients)
         server, thread, port = serve_in_thread(app)
         servers.append((server, thread))

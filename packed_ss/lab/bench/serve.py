@@ -133,8 +133,9 @@ def main(argv=None) -> int:
     texts = [prompt for _, prompt in humaneval_prompts(args.limit)]
     ids = [tok.encode(t).ids for t in texts]
     model = load_model(path, dtype=torch.float32)
-    served, local = Engine(model, schedule="packed"), Engine(model, schedule="packed", width="auto")
-    app = make_app(served, tok, "default", path, max_batch=max(args.concurrency), max_waiting=len(texts))
+    served = Engine(model, schedule="packed", max_batch=max(args.concurrency))
+    local = Engine(model, schedule="packed", width="auto")
+    app = make_app(served, tok, "default", path, max_waiting=len(texts))
     server, thread, port = serve_in_thread(app)
     url = f"http://127.0.0.1:{port}/v1"
     clients = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))

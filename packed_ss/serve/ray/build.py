@@ -34,7 +34,6 @@ class AppOptions(EngineSpec):
     autoscaling_config: dict | None = None
     num_cpus: float = Field(1, ge=0)
     num_gpus: float = Field(0, ge=0)
-    max_batch: int = Field(64, ge=1)
     max_waiting: int = Field(256, ge=1)
     drain_timeout_s: float = Field(60, gt=0)
     request_router: str = PREFIX_ROUTER

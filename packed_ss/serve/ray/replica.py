@@ -21,7 +21,7 @@ class EngineReplica:
         """`options`: the app's, resolved (build.AppOptions): the engine's settings and the decode loop's limits."""
         torch.set_num_threads(max(1, int(options.num_cpus)))
         engine = options.build()
-        self.decoder = Decoder(engine, load_tokenizer(options.model).decode, options.max_batch, options.max_waiting)
+        self.decoder = Decoder(engine, load_tokenizer(options.model).decode, options.max_waiting)
         self.decoder.start()
         self.name = serve.get_replica_context().replica_id.to_full_id_str()
 

@@ -20,12 +20,14 @@ class Admission:
     """Admission for a Scheduler (its base): the waiting queue, slots, pages and prefill it shares."""
 
     # -- slots -------------------------------------------------------------------------------------------
-    def _admissible(self) -> tuple[list[tuple[Group, int]], Request | None]:
-        """The waiting requests that may start now, in order: every group within its limit, and none after one
-        the batch does not fit (it waits until the batch has drained, then a batch is made to fit it); and that
-        request, if one blocks the queue."""
+    def _admissible(self, room: int) -> tuple[list[tuple[Group, int]], Request | None]:
+        """The waiting requests that may start now, in order, `room` at most: every group within its limit, and
+        none after one the batch does not fit (it waits until the batch has drained, then a batch is made to fit
+        it); and that request, if one blocks the queue."""
         taken, admissible = {}, []
         for group, i in self.waiting:
+            if len(admissible) == room:
+                break
             if group.running + taken.get(group, 0) >= group.limit:
                 continue
             if self.batch is not None and not self.batch.fits(group.requests[i]):
@@ -44,14 +46,13 @@ class Admission:
 
     def _admit(self) -> None:
         most = min(self.program.max_batch or MAX_BATCH, self.runtime.max_batch)
-        admissible, blocked = self._admissible()
+        room = most - self.occupied                                 # the rest wait for a slot
+        admissible, blocked = self._admissible(room)
         if self.batch is not None and blocked is not None and self._lengthen(blocked):
-            admissible, _ = self._admissible()
-        admissible = admissible[:most - self.occupied]            # the rest wait for a slot
+            admissible, _ = self._admissible(room)
         if not admissible:
             return
         if self.batch is None:
-            admissible = admissible[:most]
             self.batch = self.runtime.hold(self.program, [g.requests[i] for g, i in admissible], len(admissible))
             self.running = [None] * self.batch.slots
             self.iterations = self.slot_iterations = self._limit = 0

@@ -375,7 +375,7 @@ def test_the_servers_requests_wait_in_the_engines_queue(model, monkeypatch):
     monkeypatch.setattr(engine, "load", lambda: (loads.append(load()), loads[-1])[1])     # after every step
 
     async def served():
-        worker = DecodeWorker(engine, Metrics(engine.width), max_waiting=3)
+        worker = DecodeWorker(engine, Metrics(engine.width), max_waiting=2)      # one slot, two waiting
         pending = [worker.submit(r, len(r.prompt)) for r in reqs]      # all in the inbox before the thread runs
         with pytest.raises(QueueFull):
             worker.submit(reqs[0], len(reqs[0].prompt))

@@ -3,7 +3,7 @@
 A handler checks its request (`engine.request(...)`, on the event loop, before anything runs) and `submit`s
 it. The thread adds it to the engine at once: the engine runs up to its `max_batch` of them in a batch and
 queues the rest, the one admission layer (so the adaptive policy sees the queue it bets on). `submit` refuses
-a request while `max_waiting` wait. Requests added together join the running batch at the same step, so they
+a request when `max_waiting` would wait beyond the batch's slots. Requests added together join the running batch at the same step, so they
 prefill in one call; sampled ones are added first, so that greedy ones join their batch (Engine.joining).
 Every step is one iteration of the whole batch (`engine.step()`), after which each request's new tokens go to
 its handler's asyncio queue through its event loop (one wake-up of the loop per step for all of them): the
@@ -69,7 +69,7 @@ class DecodeWorker:
     # -- the handlers' side (event loop thread) -------------------------------------------------------------
     def submit(self, request, prompt_tokens: int) -> Pending:
         with self._count_lock:
-            if self._submitted - self._running >= self.max_waiting:
+            if self._submitted >= max(self._running, self.engine.max_batch) + self.max_waiting:
                 raise QueueFull(f"{self._submitted - self._running} requests are waiting "
                                 f"(--max-waiting {self.max_waiting})")
             self._submitted += 1
@@ -88,7 +88,7 @@ class DecodeWorker:
     @property
     def counts(self) -> tuple[int, int]:
         """(running, waiting) at the last step."""
-        return self._running, self._submitted - self._running
+        return self._running, max(0, self._submitted - self._running)
 
     # -- the decode thread -----------------------------------------------------------------------------------
     def _run(self) -> None:

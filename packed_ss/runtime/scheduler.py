@@ -6,12 +6,12 @@ the loop themselves: whichever caller needs tokens it does not have yet runs `st
 and every request's tokens and result land in its own group's events, so a caller gets exactly what its
 requests get alone, whoever ran the iteration that made them. A step:
 1. admits waiting requests into free slots, up to the runtime's `max_batch`, while the K/V pool has pages for
-   them (those in consecutive slots prefill in one call; the batch grows when it has no free slot, and widens its page table for a request
-   whose prompt and new tokens do not fit it; a request whose other shapes (stop tables, length cap) do not
-   fit waits, and holds the queue, until the batch has drained). A prompt that starts with pages in the
-   prefix cache (kv_pool.py) shares them and prefills only the rest. A prompt longer than the runtime's
-   `prefill_chunk` enters its cache a chunk per step (K/V only) before its last part and first block are
-   prefilled, so that a long prompt holds the running requests up by one chunk's call per step at most;
+   them (those in consecutive slots prefill in one call; the batch grows when it has no free slot, and widens
+   its page table for a request whose prompt and new tokens do not fit it; a request whose other shapes (stop
+   tables, length cap) do not fit waits, and holds the queue, until the batch has drained). A prompt that starts
+   with pages in the prefix cache (kv_pool.py) shares them and prefills only the rest. A prompt longer than the
+   runtime's `prefill_chunk` enters its cache a chunk per step (K/V only) before its last part and first block
+   are prefilled, so that a long prompt holds the running requests up by one chunk's call per step at most;
 2. reads the table that is due (poll.py: at once on the CPU, one iteration late on CUDA) and hands out
    its new tokens, finished requests' results (read once, when they end; their pages go back, the full ones
    published) and holds;

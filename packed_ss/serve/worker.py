@@ -3,12 +3,12 @@
 A handler checks its request (`engine.request(...)`, on the event loop, before anything runs) and `submit`s
 it. The thread adds it to the engine at once: the engine runs up to its `max_batch` of them in a batch and
 queues the rest, the one admission layer (so the adaptive policy sees the queue it bets on). `submit` refuses
-a request when `max_waiting` would wait beyond the batch's slots. Requests added together join the running batch at the same step, so they
-prefill in one call; sampled ones are added first, so that greedy ones join their batch (Engine.joining).
-Every step is one iteration of the whole batch (`engine.step()`), after which each request's new tokens go to
-its handler's asyncio queue through its event loop (one wake-up of the loop per step for all of them): the
-loop never blocks on decoding. A cancelled request (a client gone, a stop string reached) is aborted and its
-slot freed.
+a request when `max_waiting` would wait beyond the batch's slots. Requests added together join the running
+batch at the same step, so they prefill in one call; sampled ones are added first, so that greedy ones join
+their batch (Engine.joining). Every step is one iteration of the whole batch (`engine.step()`), after which
+each request's new tokens go to its handler's asyncio queue through its event loop (one wake-up of the loop
+per step for all of them): the loop never blocks on decoding. A cancelled request (a client gone, a stop
+string reached) is aborted and its slot freed.
 """
 from __future__ import annotations
 

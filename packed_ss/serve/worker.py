@@ -70,8 +70,7 @@ class DecodeWorker:
     def submit(self, request, prompt_tokens: int) -> Pending:
         with self._count_lock:
             if self._submitted >= max(self._running, self.engine.max_batch) + self.max_waiting:
-                raise QueueFull(f"{self._submitted - self._running} requests are waiting "
-                                f"(--max-waiting {self.max_waiting})")
+                raise QueueFull(f"{self.max_waiting} requests are waiting already (--max-waiting)")
             self._submitted += 1
         pending = Pending(request, prompt_tokens, asyncio.get_running_loop())
         self._inbox.put(pending)

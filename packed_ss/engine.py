@@ -137,7 +137,6 @@ class Engine:
         check_int("max_seq_len", self.max_seq_len, 2)
         check_int("prefill_chunk", prefill_chunk, 1)
         check_int("max_batch", max_batch, 1, MAX_BATCH)
-        self.max_batch = max_batch
         if kv_cache_bytes is not None:
             check_int("kv_cache_bytes", kv_cache_bytes, 1)
         check_int("page_size", page_size, 1, CACHE_QUANTUM)
@@ -322,6 +321,10 @@ class Engine:
     def load(self) -> tuple[int, int]:
         """(running, waiting) requests now."""
         return self.runtime.load()
+
+    @property
+    def max_batch(self) -> int:
+        return self.runtime.max_batch
 
     def abort(self, group: Group) -> None:
         """The request leaves its batch at once; its slot is free for the next. If it was running, its result so

@@ -92,8 +92,9 @@ class Engine:
         does not fit the pool alone is a ValueError. `prefix_cache`: a prompt that starts with the tokens of an earlier
         request's full pages (its prompt, or prompt and output) shares their K/V and prefills only the rest; the
         tokens are the same with it on or off (float64; in lower precision up to the rounding of a call of
-        other rows, see README). `max_batch`: the most requests in one batch, one model call (default and at most
-        MAX_BATCH); later ones wait for a slot in its queue (a server's `--max-batch`).
+        other rows, see README). `max_batch`: the most requests running at once (default and at most MAX_BATCH), its
+        greedy and sampled batches together; later ones wait for a slot, in the order they came (a server's
+        `--max-batch`).
 
         `epilogue`: "native" ends each step (acceptance, residual / bonus draw, emit, retain) in one call
         of the compiled epilogue (csrc/, packed_ss/epilogue/), "torch" in the plain-torch reference;

@@ -4,6 +4,8 @@ and under the rejection sampler batched equals alone and sequences follow the AR
 rule flagged). A policy forced to switch shapes every other iteration shows the switches are safe; the policy's
 statistics and choice are checked on states built by hand."""
 
+import threading
+
 import pytest
 import torch
 from tiny_models import checkpoint
@@ -136,6 +138,44 @@ def test_requests_beyond_max_batch_wait_in_the_engines_queue(random_model, monke
     alone = packed_ss.Engine(random_model)
     assert [g.results[0].tokens for g in groups] == [alone.generate(p, 12 + 3 * i, eos_token_id=[]).tokens
                                                      for i, p in enumerate(prompts)]
+
+
+def test_max_batch_counts_greedy_and_sampled_requests_together_in_the_order_they_came(random_model):
+    """The adaptive schedule runs greedy and sampled requests in a batch each; `max_batch` bounds them together,
+    and a request waiting in one batch's queue is not overtaken by a later one of the other. The greedy batch
+    steps first, and the short sampled request ends first: the slot it frees goes to the sampled request that
+    came before the second greedy one."""
+    arrivals = [([1, 2, 3], 48, {}), ([5, 6, 7, 5, 6], 6, dict(temperature=1.0, seed=3)),
+                (list(range(30, 50)), 12, dict(temperature=0.7, top_p=0.95, seed=4)), ([9, 9, 9], 8, {})]
+    engine = packed_ss.Engine(random_model, max_batch=2)
+    groups = [engine.add(engine.request(p, n, eos_token_id=[], **s)) for p, n, s in arrivals]
+    loads, began = [], [None] * len(groups)
+    while engine.step():
+        loads.append(engine.load())
+        began = [len(loads) - 1 if b is None and g.events else b for b, g in zip(began, groups)]
+    assert loads[0] == (2, 2) and max(running for running, _ in loads) == 2 and engine.load() == (0, 0)
+    assert began[:2] == [0, 0] and began[2] < began[3]
+    alone = packed_ss.Engine(random_model)
+    assert [g.results[0].tokens for g in groups] == [alone.generate(p, n, eos_token_id=[], **s).tokens
+                                                     for p, n, s in arrivals]
+
+
+def test_a_request_waiting_for_a_slot_another_callers_stream_holds_gets_it(random_model):
+    """A sampled stream paused after its first tokens holds the one slot; a greedy `generate` of another caller
+    runs the stream's batch to its end, then its own request, and neither changes what the other gets."""
+    engine = packed_ss.Engine(random_model, max_batch=1)
+    sampled = dict(prompt_ids=[5, 6, 7, 5, 6], max_new_tokens=20, eos_token_id=[], temperature=1.0, seed=9)
+    stream = engine.stream(**sampled)
+    first, got = next(stream), {}
+    caller = threading.Thread(target=lambda: got.update(greedy=engine.generate([1, 2, 3], 16, eos_token_id=[]).tokens),
+                              daemon=True)
+    caller.start()
+    caller.join(120)
+    assert not caller.is_alive(), "generate still waits for the slot the paused stream holds"
+    greedy, rest = got["greedy"], [t for tokens in stream for t in tokens]
+    alone = packed_ss.Engine(random_model)
+    assert first + rest == alone.generate(**sampled).tokens
+    assert greedy == alone.generate([1, 2, 3], 16, eos_token_id=[]).tokens
 
 
 def test_greedy_default_equals_ar_on_float64(random_model):

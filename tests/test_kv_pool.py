@@ -191,6 +191,20 @@ def test_nothing_is_held_after_an_abort_a_closed_stream_or_an_error(model, monke
     assert eng.kv_usage().held == 0
 
 
+def test_a_request_whose_prefill_fails_ends_with_the_error(model, monkeypatch):
+    """A call that fails while requests are being started (their prefill) ends them with its error too: a caller
+    driving the loop itself (a server's decode thread) sees it on the group instead of waiting for ever."""
+    eng = engine(model, "packed")
+    eng.generate(PROMPTS[2], max_new_tokens=4)
+
+    def broken(inp, cache):
+        raise RuntimeError("the device fell over")
+    monkeypatch.setattr(eng.runtime, "forward", broken)
+    group = eng.add(eng.request(PROMPTS[0], max_new_tokens=8, eos_token_id=[]))
+    assert not eng.step()
+    assert group.done and "fell over" in str(group.error) and eng.kv_usage().held == 0
+
+
 def test_usage_reports_the_pool(model):
     eng = engine(model, "ar", kv_cache_bytes=10 * 16 * 2 * 2 * 2 * 16 * 8)   # 10 pages of 2 layers, 2 heads, dim 16
     usage = eng.kv_usage()

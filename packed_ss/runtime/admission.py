@@ -4,6 +4,7 @@ step, a preempted request coming back to continue where it stopped, the prefill 
 (more slots, a longer page table) when a request needs it."""
 from __future__ import annotations
 
+import bisect
 import time
 
 import torch
@@ -21,12 +22,14 @@ class Admission:
 
     # -- slots -------------------------------------------------------------------------------------------
     def _admissible(self, room: int) -> tuple[list[tuple[Group, int]], Request | None]:
-        """The waiting requests that may start now, in order, `room` at most: every group within its limit, and
-        none after one the batch does not fit (it waits until the batch has drained, then a batch is made to fit
-        it); and that request, if one blocks the queue."""
+        """The waiting requests that may start now, in order, `room` at most, less the slots that requests waiting
+        longer in the runtime's other schedulers take first (arrival order across schedulers); every group
+        within its limit, and none after one the batch does not fit (it waits until the batch has drained, then
+        a batch is made to fit it); and that request, if one blocks the queue."""
         taken, admissible = {}, []
+        earlier = self.runtime.waiting_elsewhere(self)
         for group, i in self.waiting:
-            if len(admissible) == room:
+            if len(admissible) + bisect.bisect_left(earlier, (group.arrival, i)) >= room:
                 break
             if group.running + taken.get(group, 0) >= group.limit:
                 continue
@@ -46,7 +49,7 @@ class Admission:
 
     def _admit(self) -> None:
         most = min(self.program.max_batch or MAX_BATCH, self.runtime.max_batch)
-        room = most - self.occupied                                 # the rest wait for a slot
+        room = min(most - self.occupied, self.runtime.max_batch - self.runtime.occupied)   # the rest wait
         admissible, blocked = self._admissible(room)
         if self.batch is not None and blocked is not None and self._lengthen(blocked):
             admissible, _ = self._admissible(room)

@@ -12,10 +12,12 @@ delivers them (when streamed) and returning their GenerateResults; `Engine.gener
 (generators consumed in turn, threads) decode in one batch; steps run under the runtime's lock, released
 while a caller yields, and a caller closed early aborts its own requests only. Schedulers of different
 programs (greedy, sampled: a request's sampling settings are rows of its batch's state) take turns, each batch
-with its own page table into the one pool.
+with its own page table into the one pool: a caller waiting for tokens runs a step of every scheduler with
+work, and `max_batch` bounds their running requests together, admitted in the order they came.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Callable, Iterator
@@ -46,8 +48,9 @@ class Runtime:
     (kv_pool.py; None: a fraction of the device's memory, `pool_pages`), in pages of `page_size` cache
     positions; a scheduler admits requests while the pool has pages for them and preempts the latest when a
     running one needs a page it cannot have. `prefix_cache`: prompts share the published pages of earlier
-    requests' prompts and outputs (kv_pool.py). `max_batch`: the most requests in one batch (at most
-    MAX_BATCH); the others wait in its scheduler's queue, in order."""
+    requests' prompts and outputs (kv_pool.py). `max_batch`: the most requests running at once, in all its
+    batches together (at most MAX_BATCH); the others wait in their schedulers' queues and start in the order
+    they came, whichever scheduler they joined."""
 
     def __init__(self, model: DualModeModel, attend, executor: Executor | None = None, max_seq_len: int | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, kv_cache_bytes: int | None = None, page_size: int = PAGE_SIZE,
@@ -63,6 +66,7 @@ class Runtime:
         self._schedulers: dict[int, tuple[object, Scheduler]] = {}   # id(program) -> (program, its scheduler)
         self._last: Scheduler | None = None
         self._callers = 0                             # decodes running now (generators, threads)
+        self.arrivals = itertools.count()             # the order groups come in, across its schedulers
 
     # -- what the last busy period of a scheduler did (benchmarks) -----------------------------------------
     @property
@@ -225,11 +229,21 @@ class Runtime:
                         pass
             return any(not scheduler.idle for _, scheduler in self._schedulers.values())
 
+    @property
+    def occupied(self) -> int:
+        """Requests holding a slot in any of its batches (at most `max_batch`)."""
+        return sum(scheduler.occupied for _, scheduler in self._schedulers.values())
+
+    def waiting_elsewhere(self, scheduler: Scheduler) -> list[tuple[int, int]]:
+        """The requests waiting in its other schedulers, as (their group's arrival, index), in order: a scheduler
+        leaves them the slots they came first for."""
+        return sorted((group.arrival, i) for _, other in self._schedulers.values() if other is not scheduler
+                      for group, i in other.waiting)
+
     def load(self) -> tuple[int, int]:
         """(running, waiting) requests in all its batches now."""
         with self._lock:
-            schedulers = [scheduler for _, scheduler in self._schedulers.values()]
-            return sum(s.occupied for s in schedulers), sum(len(s.waiting) for s in schedulers)
+            return self.occupied, sum(len(s.waiting) for _, s in self._schedulers.values())
 
     def abort(self, group: Group) -> None:
         """The group's requests leave their batch; a running one's result so far is kept in `group.results`."""
@@ -256,8 +270,7 @@ class Runtime:
                     events, waiting = list(group.events), not group.events and not group.done
                     group.events.clear()
                     if waiting:
-                        scheduler.step()
-                        self._last = scheduler
+                        self.step()             # every scheduler's: slots its requests wait for may be another's
                 if waiting:
                     if self._callers > 1:
                         time.sleep(0)           # another caller waiting for the lock (a thread) steps in now

@@ -8,11 +8,12 @@ from .request import GenerateResult, Request
 
 
 class Group:
-    """A caller's requests: how many may run at once, and what happened to them, in order (`events`: (index,
-    tokens) as iterations add them when streamed, (index, GenerateResult) when one ends)."""
+    """A caller's requests: how many may run at once, when they came (`arrival`, counted across a runtime's
+    schedulers), and what happened to them, in order (`events`: (index, tokens) as iterations add them when
+    streamed, (index, GenerateResult) when one ends)."""
 
-    def __init__(self, requests: list[Request], limit: int, stream: bool):
-        self.requests, self.limit, self.stream = requests, limit, stream
+    def __init__(self, requests: list[Request], limit: int, stream: bool, arrival: int):
+        self.requests, self.limit, self.stream, self.arrival = requests, limit, stream, arrival
         self.events: deque[tuple[int, list[int] | GenerateResult]] = deque()
         self.results: list[GenerateResult | None] = [None] * len(requests)
         self.running = self.finished = 0

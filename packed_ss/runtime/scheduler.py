@@ -5,7 +5,8 @@ Callers (`Runtime.decode`: a generate, a stream, a batch, a thread) add their re
 the loop themselves: whichever caller needs tokens it does not have yet runs `step` under the runtime's lock,
 and every request's tokens and result land in its own group's events, so a caller gets exactly what its
 requests get alone, whoever ran the iteration that made them. A step:
-1. admits waiting requests into free slots, up to the runtime's `max_batch`, while the K/V pool has pages for
+1. admits waiting requests into free slots, up to the runtime's `max_batch` running in all its schedulers (those
+   waiting longer in another scheduler first), while the K/V pool has pages for
    them (those in consecutive slots prefill in one call; the batch grows when it has no free slot, and widens
    its page table for a request whose prompt and new tokens do not fit it; a request whose other shapes (stop
    tables, length cap) do not fit waits, and holds the queue, until the batch has drained). A prompt that starts
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import weakref
 from collections import deque
 
 import torch
@@ -47,6 +49,7 @@ class Scheduler(Admission):
     def __init__(self, runtime, program, prefix_cache: bool):
         self.runtime, self.program, self.prefix_cache = runtime, program, prefix_cache
         self.waiting: deque[tuple[Group, int]] = deque()
+        self.groups: weakref.WeakSet[Group] = weakref.WeakSet()   # every group added whose caller still holds it
         self.batch: Batch | None = None
         self.running: list[Running | None] = []
         self.prefilling: dict[int, Prefilling] = {}  # slot -> a long prompt entering its cache, oldest first
@@ -75,8 +78,9 @@ class Scheduler(Admission):
                 raise ValueError(f"request {i}: its K/V cache ({pages} pages, {pages * pool.page_bytes} bytes) "
                                  f"exceeds the K/V pool ({pool.pages - 1} pages, kv_cache_bytes "
                                  f"{self.runtime.kv_cache_bytes})")
-        group = Group(requests, limit, stream)
+        group = Group(requests, limit, stream, next(self.runtime.arrivals))
         group.scheduler = self
+        self.groups.add(group)
         self.waiting.extend((group, i) for i in range(len(requests)))
         return group
 
@@ -108,6 +112,8 @@ class Scheduler(Admission):
             with torch.inference_mode():
                 started = self.batch is None
                 self._admit()
+                if self.batch is None:            # its requests wait for slots the other schedulers hold
+                    return
                 self._prefill_chunk()
                 batch, poll = self.batch, self.batch.poll
                 if started and batch.size:        # the first table: requests may end in their prefill
@@ -299,11 +305,10 @@ class Scheduler(Admission):
 
     def _fail(self, err: BaseException) -> None:
         """An exception inside a step: every request of this scheduler ends with it (their callers raise it),
-        and the scheduler starts afresh."""
-        groups = ({r.group for r in self.running if r is not None} | {g for g, _ in self.waiting}
-                  | {p.group for p in self.prefilling.values()})
-        for group in groups:
-            group.error = err
+        those it was starting or restoring when it failed included, and the scheduler starts afresh."""
+        for group in list(self.groups):
+            if not group.done:
+                group.error = err
         self.waiting.clear()
         self.preempted.clear()
         for p in self.prefilling.values():

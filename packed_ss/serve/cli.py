@@ -29,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler", choices=("rejection", "gumbel"), default=None,
                    help="how sampled drafts are verified (both exact; default rejection)")
     p.add_argument("--max-batch", type=int, default=64,
-                   help="requests in one batch (one model call) at most (default 64); later ones wait in the engine's "
-                        "queue")
+                   help="requests running at once at most (default 64); later ones wait in the engine's queue, in "
+                        "order")
     p.add_argument("--max-waiting", type=int, default=256,
                    help="requests in that queue at most; more get HTTP 429 (default 256)")
     p.add_argument("--draft-adapter", default=None, help="drafting adapter directory (default: the model's own)")

@@ -30,7 +30,7 @@ class EngineSpec(BaseModel):
     draft_adapter: str | None = "auto"       # "auto": the model's own; None: none
     cuda_graph: bool = False
     prefix_cache: bool = True
-    max_batch: int = 64                      # requests in one batch; later ones wait in the engine's queue
+    max_batch: int = 64                      # requests running at once; later ones wait in the engine's queue
 
     def build(self) -> Engine:
         model = load_model(resolve_model(self.model), device=self.device, dtype=dtype_named(self.dtype),

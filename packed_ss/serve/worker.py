@@ -1,7 +1,7 @@
 """The server's one decode loop: a thread that runs every HTTP request on one Engine.
 
 A handler checks its request (`engine.request(...)`, on the event loop, before anything runs) and `submit`s
-it. The thread adds it to the engine at once: the engine runs up to its `max_batch` of them in a batch and
+it. The thread adds it to the engine at once: the engine runs up to its `max_batch` of them at once and
 queues the rest, the one admission layer (so the adaptive policy sees the queue it bets on). `submit` refuses
 a request when `max_waiting` would wait beyond the batch's slots. Requests added together join the running
 batch at the same step, so they prefill in one call; sampled ones are added first, so that greedy ones join

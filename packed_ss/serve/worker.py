@@ -69,7 +69,7 @@ class DecodeWorker:
     # -- the handlers' side (event loop thread) -------------------------------------------------------------
     def submit(self, request, prompt_tokens: int) -> Pending:
         with self._count_lock:
-            if self._submitted >= max(self._running, self.engine.max_batch) + self.max_waiting:
+            if self._submitted >= self.engine.max_batch + self.max_waiting:
                 raise QueueFull(f"{self.max_waiting} requests are waiting already (--max-waiting)")
             self._submitted += 1
         pending = Pending(request, prompt_tokens, asyncio.get_running_loop())

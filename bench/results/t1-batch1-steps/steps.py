@@ -1,8 +1,9 @@
 """Where the default's time goes at T = 1, batch 1, on the shipped model (fp32): each iteration's shape (-1: the
 lean AR step, QUIET) and its time, the default and AR alternating request by request (16 HumanEval prompts, 128
-new tokens, twice).
+new tokens, twice). With `gumbel`, the default and AR under shared noise too, over the first PROMPTS prompts.
 
-    python steps.py THREADS TEMPERATURE        # here: 2 1.0
+    python steps.py THREADS TEMPERATURE                  # here: 2 1.0
+    python steps.py THREADS TEMPERATURE PROMPTS gumbel   # here: 2 1.0 8 gumbel
 """
 import sys, time, collections
 import torch
@@ -13,7 +14,7 @@ torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
 path = packed_ss.default_model_path()
 tok = packed_ss.load_tokenizer(path)
 model = packed_ss.load_model(path, dtype=torch.float32)
-prompts = [tok.encode(p).ids for _, p in humaneval_prompts(16)]
+prompts = [tok.encode(p).ids for _, p in humaneval_prompts(int(sys.argv[3]) if len(sys.argv) > 3 else 16)]
 setting = dict(temperature=float(sys.argv[2]) if len(sys.argv) > 2 else 1.0)
 rec = []
 iterate = Batch.iterate
@@ -21,12 +22,15 @@ def timed(self, first, shape=0):
     t = time.perf_counter(); r = iterate(self, first, shape); rec.append((shape, time.perf_counter() - t)); return r
 Batch.iterate = timed
 engines = {"default": packed_ss.Engine(model), "ar": packed_ss.Engine(model, schedule="ar")}
+if "gumbel" in sys.argv[4:]:
+    engines |= {"default~gumbel": packed_ss.Engine(model, sampler="gumbel"),
+                "ar~gumbel": packed_ss.Engine(model, schedule="ar", sampler="gumbel")}
 for e in engines.values():
     e.generate(prompts[0], 8, seed=1, **setting)
 tot = collections.defaultdict(float); calls = collections.Counter(); toks = collections.Counter()
 for rnd in range(2):
     for i, p in enumerate(prompts):
-        for name, e in (engines.items() if (i + rnd) % 2 == 0 else reversed(engines.items())):
+        for name, e in (list(engines.items()) if (i + rnd) % 2 == 0 else list(reversed(engines.items()))):
             rec.clear(); t = time.perf_counter()
             r = e.generate(p, 128, seed=i, eos_token_id=[], **setting)
             tot[name] += time.perf_counter() - t; toks[name] += len(r.tokens)
@@ -36,4 +40,5 @@ for name in engines:
     print(name, f"{toks[name] / tot[name]:.1f} tok/s")
 for k in sorted((k for k in calls), key=str):
     print(k, calls[k], f"{1e3 * tot[k] / calls[k]:.2f} ms")
-print("ratio default/ar speed", (toks['default'] / tot['default']) / (toks['ar'] / tot['ar']))
+for name in engines:
+    print(name, "/ ar", (toks[name] / tot[name]) / (toks["ar"] / tot["ar"]))

@@ -185,7 +185,8 @@ def generate(args) -> int:
         start = time.perf_counter()
         res = engine.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        log(f"  {len(res.tokens)} tokens in {time.perf_counter() - start:.2f} s")
+        log(f"  {len(res.tokens)} tokens in {res.wall_s:.2f} s ({time.perf_counter() - start:.2f} s with the engine's "
+            f"first-call setup)")
         continuation = continuation or res.tokens
         rows.append((name, res))
     print(text + tokenizer.decode(continuation))

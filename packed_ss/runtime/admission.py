@@ -27,7 +27,7 @@ class Admission:
         within its limit, and none after one the batch does not fit (it waits until the batch has drained, then
         a batch is made to fit it); and that request, if one blocks the queue."""
         taken, admissible = {}, []
-        earlier = self.runtime.waiting_elsewhere(self)
+        earlier = self.runtime.waiting_elsewhere(self) if self.waiting else []
         for group, i in self.waiting:
             if len(admissible) + bisect.bisect_left(earlier, (group.arrival, i)) >= room:
                 break

@@ -77,6 +77,24 @@ def test_quick_bench(tmp_path):
 
 
 @needs_bench_extra
+def test_transformers_prompt_lookup_runs_where_every_width_is_auto(tmp_path):
+    from packed_ss.lab.bench.schedules import PEER_LOOKUP
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "packed_ss", "bench", "--quick", "--limit", "2", "--widths", "auto",
+                           "--schedules", "ar", "linear", "--temperatures", "0", "--resamples", "500",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "bench.json").read_text())
+    assert {(r["method"], r["width"]) for r in result["records"]} == {
+        ("ar", None), ("linear", "auto"), ("hf", None), ("hf-lookup", PEER_LOOKUP)}
+    rows = {row["method"]: row for row in result["summary"]}
+    assert set(rows) == {"ar", "linear", "hf", "hf-lookup"} and rows["hf-lookup"]["throughput"] > 0
+    ci = rows["linear"]["vs_hf_lookup"]["throughput_ratio"]
+    assert ci["lo"] <= ci["point"] <= ci["hi"]
+
+
+@needs_bench_extra
 def test_quick_any_order_bench(tmp_path):
     out = tmp_path / "any-order"
     proc = subprocess.run([sys.executable, "-m", "packed_ss", "bench-any-order", "--quick", "--limit", "2",

@@ -49,6 +49,7 @@ from .stats import bootstrap_counts, paired, per_prompt
 FIXED = [s for s in schedules() if s != "adaptive"]     # one call shape each; adaptive (the default) on request
 
 PEERS = ("hf", "hf-lookup")
+PEER_LOOKUP = 10    # transformers' prompt lookup width where every width run is "auto" (its candidate generator's default)
 FULL = dict(limit=40, max_new_tokens=128, widths=[8], latency_reps=30)
 QUICK = dict(limit=4, max_new_tokens=32, widths=[4], latency_reps=5)
 
@@ -104,7 +105,8 @@ def run(args) -> dict:
         if "hf" in args.peers:
             methods.append(HF(hf_model, None, eos, hf_timer))
         if "hf-lookup" in args.peers:
-            methods += [HF(hf_model, w, eos, hf_timer) for w in args.widths if w != "auto"]
+            fixed = [w for w in args.widths if w != "auto"]
+            methods += [HF(hf_model, w, eos, hf_timer) for w in fixed or [PEER_LOOKUP]]
     for m in methods:
         m.warm_up(prompts[0][1], args.max_new_tokens)
 
@@ -172,7 +174,7 @@ def analyse(records: list[ScheduleRecord], methods: list, latency: dict, args, n
             peer = per_prompt(groups[("hf-lookup", peer_w)], n_prompts) if peers else None
             linear_cost = cost_model(by_key[("linear", w)], groups[("linear", w)], latency)
             for key, m in by_key.items():
-                if m.width not in (w, None) or (t == 0 and m.sampled_only):
+                if (m.width not in (w, None) and key != ("hf-lookup", peer_w)) or (t == 0 and m.sampled_only):
                     continue
                 row = {"method": m.name, "width": m.width, "vs_width": w, "temperature": t,
                        "engine_width": m.engine.width if isinstance(m, Ours) and m.width else None,

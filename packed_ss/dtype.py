@@ -1,8 +1,9 @@
 """dtype="auto": on a CPU, float32 or bfloat16, whichever runs this model's calls faster on this machine.
 
 A CPU's bf16 speed depends on the processor more than on the model (DESIGN §13). On an AMD EPYC with
-avx512_bf16 a bf16 call is faster than an fp32 one at every row count. On an Intel Xeon with AMX, 16 to 64
-rows are almost free but one row is about 20x slower than 16. So the choice is measured, never assumed: the
+avx512_bf16 a bf16 call is faster than an fp32 one at every row count. On an Intel Xeon with AMX (torch 2.13.0),
+a bf16 call of 64 rows costs 1.3x one of one row, but the one-row call is 1.3x slower than in fp32
+(bench/RESULTS.md, "The Intel Xeon with AMX"). So the choice is measured, never assumed: the
 median time of the model's calls at ROWS rows (AR's one row and a speculative call's), in each dtype, and the
 dtype with the smaller total wins. The choice is remembered per model and machine, as the auto widths are
 (width.remembered), so a process measures it once and later ones read it. On CUDA "auto" is the checkpoint's

@@ -251,7 +251,7 @@ def test_kept_is_the_sorted_rule(vocab, wide, monkeypatch):
         assert ((top_k > ranked) & (top_k < vocab)).any()
         assert (head_mass >= top_p[:, None]).any()
     if wide < vocab:            # the wide head alone found some
-        partial = prob.topk(sampling.PARTIAL, -1).values.sum(-1)
-        assert (untruncated_k & (partial < top_p[:, None]) & (prob.topk(wide, -1).values.sum(-1) >= top_p[:, None])).any()
+        partial, wide_mass = (prob.topk(n, -1).values.sum(-1) for n in (sampling.PARTIAL, wide))
+        assert (untruncated_k & (partial < top_p[:, None]) & (wide_mass >= top_p[:, None])).any()
     truncated = truncated_probs(logits, Sampling(torch.ones(len(settings), dtype=torch.float64), top_k, top_p))
     assert torch.equal(truncated > 0, got)     # what truncated_probs keeps (no probability underflows here)

@@ -49,7 +49,7 @@ from .stats import bootstrap_counts, paired, per_prompt
 FIXED = [s for s in schedules() if s != "adaptive"]     # one call shape each; adaptive (the default) on request
 
 PEERS = ("hf", "hf-lookup")
-PEER_LOOKUP = 10    # transformers' prompt lookup width where every width run is "auto" (its candidate generator's default)
+PEER_LOOKUP = 10    # transformers' prompt lookup width where every width is "auto" (its candidate generator's default)
 FULL = dict(limit=40, max_new_tokens=128, widths=[8], latency_reps=30)
 QUICK = dict(limit=4, max_new_tokens=32, widths=[4], latency_reps=5)
 
@@ -254,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samplers to run our schedules under besides the engine's own choice, at temperature > 0 "
                         "only, named schedule~sampler (default none)")
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS,
-                   help="transformers peers on the same weights (default both; none: --peers)")
+                   help="transformers peers on the same weights: greedy / sampling, and prompt lookup at each "
+                        f"integer width (at {PEER_LOOKUP} tokens where every width is auto); default both, "
+                        "none: --peers")
     p.add_argument("--latency-reps", type=int, default=None,
                    help=f"timed calls per layout in the latency sweep (default {FULL['latency_reps']})")
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (default 0)")

@@ -134,9 +134,11 @@ def test_greedy_with_lookup_drafts_equals_ar(shipped, schedule, drafts):
 @pytest.mark.parametrize("epilogue", ["torch", "native"])
 @pytest.mark.parametrize("sampling", [{}, dict(temperature=1.0, seed=3)], ids=["greedy", "T1"])
 def test_batched_equals_alone(shipped, epilogue, sampling):
+    """In float64, where the promise is made: in float32 a batched call may round differently from a request's
+    call alone (on an Intel Xeon it flips a T = 1 draw of the first prompt at token 26)."""
     if epilogue == "native" and not packed_ss.decode.epilogue.native_available("cpu"):
         pytest.skip("native epilogue not built")
-    model, prompts = shipped
+    model, prompts = packed_ss.load_model(dtype=torch.float64), shipped[1]
     engine = packed_ss.Engine(model, "packed", drafts="both", width=5, epilogue=epilogue)
     batched = engine.generate_batch(prompts, max_new_tokens=48, **sampling)
     alone = [packed_ss.Engine(model, "packed", drafts="both", width=5, epilogue="torch").generate(

@@ -279,6 +279,13 @@ class Policy:
             return QUIET
         return self.cover([row[0] for row in rows if row is not None])
 
+    @staticmethod
+    def joined(shape: int) -> int:
+        """The next call's shape once a request joins the batch after the status table `shape` was chosen from:
+        the same, except that the lean AR step (QUIET), which takes every live request for quiet, becomes the AR
+        call, where the newcomer sits out unless it chose AR (as next_call's None rows do)."""
+        return 0 if shape == QUIET else shape
+
     def hit_of(self, st: AdaptiveState, order: torch.Tensor) -> torch.Tensor:
         """How often each token [B, W] of each request's lookup draft is right, by the order of its match."""
         return st.look_hit.gather(1, order[:, None, None].expand(-1, 1, self.width)).squeeze(1)

@@ -140,6 +140,7 @@ class Admission:
         r.slots.append((batch.poll.issued, slot))
         r.n_out, r.shared = pre.n_out, True
         self.running[slot] = r
+        self._joined()
         self._limit += r.request.max_new_tokens + batch.poll.lag + 3
         batch.size = max(batch.size, self.runtime.batch_size(slot + 1))
         return True
@@ -188,6 +189,15 @@ class Admission:
             if self.prefix_cache:
                 self.pool.publish(batch.pages[b], group.requests[i].prompt)
         batch.size = max(batch.size, self.runtime.batch_size(end))
+        self._joined()
+
+    def _joined(self) -> None:
+        """Requests joined the batch after the status table the call shape came from: an adaptive program's policy
+        makes it a shape that treats them as unseen (Policy.joined). Without this, a step that reads no table
+        (after a regrow, or on a new batch) would run the lean AR step over a newcomer that chose to verify a
+        draft, and its tokens would differ from its tokens alone."""
+        if self.program.policy is not None:
+            self.shape = self.program.policy.joined(self.shape)
 
     def _enter(self, first: int, end: int) -> None:
         """A program whose first iteration starts later than its others (`entry`, Linear-SS: its prefill drafted

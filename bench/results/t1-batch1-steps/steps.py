@@ -1,9 +1,11 @@
 """Where the default's time goes at T = 1, batch 1, on the shipped model (fp32): each iteration's shape (-1: the
 lean AR step, QUIET) and its time, the default and AR alternating request by request (16 HumanEval prompts, 128
-new tokens, twice). With `gumbel`, the default and AR under shared noise too, over the first PROMPTS prompts.
+new tokens, twice). With `gumbel`, the default and AR under shared noise too, over the first PROMPTS prompts; with
+`batch8`, the requests 8 at a time (generate_batch), alternating batch by batch.
 
     python steps.py THREADS TEMPERATURE                  # here: 2 1.0
     python steps.py THREADS TEMPERATURE PROMPTS gumbel   # here: 2 1.0 8 gumbel
+    python steps.py THREADS TEMPERATURE PROMPTS batch8   # here: 2 1.0 16 batch8 (generate_batch, 8 at once)
 """
 import sys, time, collections
 import torch
@@ -25,15 +27,17 @@ engines = {"default": packed_ss.Engine(model), "ar": packed_ss.Engine(model, sch
 if "gumbel" in sys.argv[4:]:
     engines |= {"default~gumbel": packed_ss.Engine(model, sampler="gumbel"),
                 "ar~gumbel": packed_ss.Engine(model, schedule="ar", sampler="gumbel")}
+batch = 8 if "batch8" in sys.argv[4:] else 1
+units = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
 for e in engines.values():
-    e.generate(prompts[0], 8, seed=1, **setting)
+    e.generate_batch(units[0], 8, seed=1, **setting)
 tot = collections.defaultdict(float); calls = collections.Counter(); toks = collections.Counter()
 for rnd in range(2):
-    for i, p in enumerate(prompts):
+    for i, unit in enumerate(units):
         for name, e in (list(engines.items()) if (i + rnd) % 2 == 0 else list(reversed(engines.items()))):
             rec.clear(); t = time.perf_counter()
-            r = e.generate(p, 128, seed=i, eos_token_id=[], **setting)
-            tot[name] += time.perf_counter() - t; toks[name] += len(r.tokens)
+            r = e.generate_batch(unit, 128, seed=i, eos_token_id=[], **setting)
+            tot[name] += time.perf_counter() - t; toks[name] += sum(len(x.tokens) for x in r)
             for s, dt in rec:
                 calls[(name, s)] += 1; tot[(name, s)] += dt
 for name in engines:

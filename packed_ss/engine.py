@@ -233,9 +233,11 @@ class Engine:
     def greedy_joins_sampled(self) -> bool:
         """Whether greedy requests join a running sampled batch (`joining`): with a fixed schedule (its sampled
         program runs the greedy one's call shapes) one batch measured 1.04-1.43x the throughput of two; with the
-        adaptive one, whose sampled shapes are priced for sampled rows, the 4M model's greedy requests ran 2.3-3.4x
-        slower (bench/RESULTS.md, "Greedy and sampled requests in one batch")."""
-        return self.schedule_name != ADAPTIVE
+        adaptive one under shared noise (the greedy program's free choice at the full width) 1.14x on SmolLM2.
+        Not with the adaptive one under the rejection sampler, whose sampled shapes are narrow and priced for
+        sampled rows: the 4M model's greedy requests ran 2.3-3.4x slower there (bench/RESULTS.md, "Greedy and
+        sampled requests in one batch")."""
+        return self.schedule_name != ADAPTIVE or self.sampler == "gumbel"
 
     def _build(self, width: int, sampled: bool, epilogue: str):
         """The greedy or the sampled program; under the shared-noise sampler the sampled one is the greedy program
@@ -346,9 +348,9 @@ class Engine:
         prompt; an int seed s gives request i the seed s + i (repeated prompts draw different samples), None
         random seeds. Requests of any sampling settings share the batch (greedy ones beside sampled ones decode
         in the sampled program, exactly as alone). Stops are shared. `batch_size`: requests decoded at once,
-        one model call per step for all of them (default: every prompt, at most MAX_BATCH); a finished request's slot takes the next
-        waiting one (continuous batching). Any-order models decode one request at a time (batch_size 1):
-        their calls' layouts follow each request's own window. `progress`: a progress bar of finished
+        one model call per step for all of them (default: every prompt, at most MAX_BATCH); a finished request's
+        slot takes the next waiting one (continuous batching). Any-order models decode one request at a time
+        (batch_size 1): their calls' layouts follow each request's own window. `progress`: a progress bar of finished
         requests (stderr). Everything is checked before anything runs; an error names the request's index.
         """
         requests, params = check_requests(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id,

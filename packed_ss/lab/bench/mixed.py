@@ -11,7 +11,7 @@ each engine of `--engines` two ways:
   call per step;
 - `a batch per program`: each request in its own program's batch (greedy or sampled), the two batches taking
   turns, two model calls per step.
-`Engine.add` does the first where it measured no slower for the greedy requests (Engine.joining). Each unit
+`Engine.add` does the first except under the adaptive schedule with the rejection sampler (Engine.joining). Each unit
 runs both ways in a rotating order (paired unit by unit); the requests' tokens are the same both ways (float64;
 in lower precision up to the rounding of calls of other rows). Reported per engine: throughput of each way,
 model calls, the mean decoder time of a greedy and of a sampled request, and the throughput ratio one batch /

@@ -187,7 +187,7 @@ def test_greedy_default_equals_ar_on_float64(random_model):
 
 
 # -- the policy on states built by hand -------------------------------------------------------------------------
-def state(policy: Policy, batch: int = 1, out=(), prompt=(0,)):
+def state(policy: Policy, batch: int = 1, out=(), prompt=(0,), temperature: float = 0.0):
     program_width = policy.width
     from packed_ss.decode.state import DecodeState
     one = DecodeState.new(program_width, 1, 64, [], 0, "cpu", prompt_len=len(prompt))
@@ -195,6 +195,7 @@ def state(policy: Policy, batch: int = 1, out=(), prompt=(0,)):
     st = type(one).cat([one] * batch)
     st.out[:, :len(out)] = torch.tensor(out, dtype=torch.int64)
     st.n_out.fill_(len(out))
+    st.sampling.temperature.fill_(temperature)
     return st
 
 
@@ -274,27 +275,48 @@ def test_a_batch_values_gained_tokens_by_the_calls_they_save(batch, drafted, que
 
 
 def test_the_choice_reads_how_often_drafts_of_the_matchs_order_are_right():
-    """Two requests with the same statistics, one holding a draft after a 4-token match (whose drafts were right
-    90% of the time), the other after a 1-token match (5%): the first verifies its draft at the full width, the
-    second decodes by AR."""
+    """Two sampled requests with the same statistics, one holding a draft after a 4-token match (whose drafts were
+    right 90% of the time), the other after a 1-token match (5%): the first verifies its draft at the full width,
+    the second decodes by AR."""
     shapes = shapes_for(8, "lookup")
     policy = Policy.from_profile(shapes, None).measured([(1.0 + 0.1 * s.rows, 8.0 + 0.1 * s.rows) for s in shapes],
                                                         True)
-    st = state(policy, 2)
+    st = state(policy, 2, temperature=1.0)
     st.look_hit[:, 4] = 0.9
     st.look_hit[:, 1] = 0.05
     policy.choose(st, torch.full((2,), 8), torch.tensor([4, 1]))
     assert [shapes[i] for i in st.choice.tolist()] == [Shape(8), Shape(0)]
 
 
+def test_the_greedy_rows_of_a_sampled_batch_choose_freely_and_the_sampled_ones_alone():
+    """A per-request policy (the rejection sampler's program) over a greedy and a sampled request with the same
+    lookup draft and statistics: the sampled one prices its bet as the one request of a full batch that speculates
+    and stays on AR, the greedy one, whose tokens do not depend on the shapes, makes the free choice at the batch's
+    cost and verifies its draft. Its choice leaves the sampled request's as it is alone."""
+    shapes = shapes_for(4, "lookup")
+    policy = Policy.from_profile(shapes, None).measured([(1.0 + 0.1 * s.rows, 8.0 + 2.0 * s.rows) for s in shapes],
+                                                        True)
+    st = state(policy, 2, temperature=0.7)
+    st.look_hit[:, 4] = 0.9
+    st.sampling.temperature[0] = 0.0
+    length, order = torch.full((2,), 4), torch.full((2,), 4)
+    policy.choose(st, length, order)
+    assert [shapes[i] for i in st.choice.tolist()] == [Shape(4), Shape(0)]
+    alone = state(policy, 1, temperature=0.7)
+    alone.look_hit[:, 4] = 0.9
+    policy.choose(alone, length[:1], order[:1])
+    assert alone.choice.item() == st.choice[1].item()
+
+
 def test_a_request_no_draft_pays_for_goes_quiet_for_doubling_runs():
-    """Lookup drafts never right and diffusion drafts earning one token: the request goes quiet (passive, the call
-    the awake one's), stays so for its quiet run of calls unchanged, and its next quiet run is twice as long; one
-    whose drafts pay stays awake, and one without a draft this call, whose drafts would pay, dozes for DOZE calls."""
+    """Sampled requests, each choosing alone. Lookup drafts never right and diffusion drafts earning one token: the
+    request goes quiet (passive, the call the awake one's), stays so for its quiet run of calls unchanged, and its
+    next quiet run is twice as long; one whose drafts pay stays awake, and one without a draft this call, whose
+    drafts would pay, dozes for DOZE calls."""
     shapes = shapes_for(4, "both")
     policy = Policy.from_profile(shapes, None).measured([(1.0 + 0.1 * s.rows, 8.0 + 0.1 * s.rows) for s in shapes],
                                                          True)
-    st = state(policy, 3)
+    st = state(policy, 3, temperature=1.0)
     st.look_hit[0].zero_()
     st.diffusion[0].fill_(1.0)
     st.look_hit[1:].fill_(0.95)

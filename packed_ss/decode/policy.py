@@ -32,7 +32,8 @@ Two ways to choose, by what the output may depend on:
 - per request (the rejection sampler, whose drafts and draws depend on the width): each request picks its own
   shape from its own statistics and the costs at COST_BATCH, priced as the one request of a full batch that
   speculates (`marginal`: the whole batch pays for the cover of the choices; the costs are fixed when the engine
-  starts, so a request alone bets like one in a batch), so its tokens depend on its own tokens and draws alone;
+  starts, so a request alone bets like one in a batch), so its tokens depend on its own tokens and draws alone
+  (the greedy requests of such a batch, whose tokens depend on nothing of the kind, choose freely among themselves);
   the call runs the cover of the live requests' shapes, every request verifying within its own width and
   keeping proposals only if its shape proposes. A request whose shape the call does not cover (the host's
   choice runs an iteration late on CUDA) sits that iteration out, unchanged.
@@ -326,18 +327,22 @@ class Policy:
                passive: torch.Tensor | None = None) -> None:
         """Each request's shape for the next iteration (`choice`): free, the most expected tokens per ms of the batch
         at its size (every row holds it); per request, each request's most expected tokens per ms at its `marginal`
-        cost (the host runs their cover). Quiet requests (`passive`) keep theirs; a request whose own best (free:
-        the batch's) is AR goes quiet (module docstring)."""
+        cost, except that the greedy rows of a sampled batch, whose tokens do not depend on the shapes, make the
+        free choice among themselves (the host runs the cover of the choices). Quiet requests (`passive`) keep
+        theirs; a request whose own best (free: the batch's) is AR goes quiet (module docstring)."""
         c = self.constants(length.device)
         passive = torch.zeros_like(st.done) if passive is None else passive
         choosing = ~st.done & ~passive
         expected = self.expected(st, length, order)                                        # [B, S]
+        at_batch = c.costs[:, 0] + (c.costs[:, 1] - c.costs[:, 0]) * ((st.batch - 1) / (COST_BATCH - 1))
         if self.per_request:
-            cost = self.marginal(c)
-            own = self.best(expected, cost)                                                # [B]
+            greedy = st.sampling.temperature == 0
+            free = self.best(self.batch_tokens(st, expected, choosing & greedy, at_batch[0]), at_batch)
+            cost = torch.where(greedy[:, None], at_batch, self.marginal(c))                 # [B, S]
+            own = torch.where(greedy, free, self.best(expected, cost))                      # [B]
             st.assign(choosing, choice=own)
         else:
-            cost = c.costs[:, 0] + (c.costs[:, 1] - c.costs[:, 0]) * ((st.batch - 1) / (COST_BATCH - 1))
+            cost = at_batch
             st.choice.copy_(self.best(self.batch_tokens(st, expected, choosing, cost[0]), cost).expand_as(st.choice))
             own = st.choice
         hopeless = self.best(self.potential(st, length), cost) == 0

@@ -233,10 +233,10 @@ class Engine:
     def greedy_joins_sampled(self) -> bool:
         """Whether greedy requests join a running sampled batch (`joining`): with a fixed schedule (its sampled
         program runs the greedy one's call shapes) one batch measured 1.04-1.43x the throughput of two; with the
-        adaptive one under shared noise (the greedy program's free choice at the full width) 1.14x on SmolLM2.
-        Not with the adaptive one under the rejection sampler, whose sampled shapes are narrow and priced for
-        sampled rows: the 4M model's greedy requests ran 2.3-3.4x slower there (bench/RESULTS.md, "Greedy and
-        sampled requests in one batch")."""
+        adaptive one under shared noise (the greedy program's free choice at the full width) 1.14-1.46x on SmolLM2.
+        Not with the adaptive one under the rejection sampler, whose sampled program is narrow (NARROW) and prices
+        its sampled rows per request: one batch ran 0.90x the throughput of two on the 4M model, its greedy requests
+        1.8x as long (bench/RESULTS.md, "The greedy rows of a sampled adaptive batch choose freely")."""
         return self.schedule_name != ADAPTIVE or self.sampler == "gumbel"
 
     def _build(self, width: int, sampled: bool, epilogue: str):

@@ -280,3 +280,12 @@ def packed_attention_op(q, k, v, k_pool, v_pool, table, cache_len, layout: Layou
     go through the op dispatcher alike."""
     return _packed_attention_op(q, k, v, k_pool, v_pool, table, cache_len, layout.seg, layout.see,
                                 layout.n_anchor, scale)
+
+
+def fused_attention(table, cache_len, layout: Layout, page_size: int):
+    """The engine's backend for one model call (model.attention.attention_backend): each layer's
+    (q, k, v, k_pool, v_pool, scale) through packed_attention_op, which works out the call's metadata in the
+    kernel."""
+    def attend(q, k, v, k_pool, v_pool, scale: float) -> torch.Tensor:
+        return packed_attention_op(q, k, v, k_pool, v_pool, table, cache_len, layout, scale)
+    return attend

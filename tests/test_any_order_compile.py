@@ -14,7 +14,7 @@ from packed_ss import SamplingParams, load_model
 from packed_ss.decode import sampling
 from packed_ss.decode.registry import schedules
 from packed_ss.decode.epilogue import TorchEpilogue
-from packed_ss.model.attention import packed_attention_ref
+from packed_ss.model.attention import reference_attention
 from packed_ss.runtime import Request, Runtime
 from packed_ss.runtime.executor import Compiled
 
@@ -54,8 +54,8 @@ def test_compiled_steps_equal_eager(model, schedule, order, params, backend):
     """Runtime modes "eager" and "compile" (each step: input, model call, update) give the same run."""
     sampled = not params.greedy
     program = schedules(any_order=True)[schedule](model, 3, sampled, TorchEpilogue(model.device, 3, sampled), order)
-    eager = Runtime(model, packed_attention_ref)
-    compiled = Runtime(model, packed_attention_ref, Compiled(backend))
+    eager = Runtime(model, reference_attention)
+    compiled = Runtime(model, reference_attention, Compiled(backend))
     for prompt in PROMPTS[:1]:   # each new shape (cache, stop table) compiles again
         free = _decode(eager, program, prompt, [], params)[0]
         for stops in ([], [tuple(free[5:7]), (free[9],)]):
@@ -84,7 +84,7 @@ def test_steps_read_nothing_and_freeze_after_done(model, monkeypatch, schedule, 
     cache = model.new_cache(64, batch=1)
 
     def run(step):
-        step.update(st, model(*step.inputs(st)[:3], cache, step.inputs(st).cache_len, attend=packed_attention_ref))
+        step.update(st, model(*step.inputs(st)[:3], cache, step.inputs(st).cache_len, attend=reference_attention))
     with torch.inference_mode():
         run(sched.prefill(torch.tensor(PROMPTS[0])))
         for _ in range(6):
@@ -114,7 +114,7 @@ def test_states_padded_to_the_graph_loops_shapes_decode_alike(model, schedule):
             cache = model.new_cache(128, batch=1)
 
             def call(inp, cache=cache):
-                return model(inp.tokens, inp.positions, inp.layout, cache, inp.cache_len, attend=packed_attention_ref)
+                return model(inp.tokens, inp.positions, inp.layout, cache, inp.cache_len, attend=reference_attention)
             with torch.inference_mode():
                 prefill = sched.prefill(torch.tensor(request.prompt))
                 prefill.update(st, call(prefill.inputs(st)))

@@ -18,7 +18,7 @@ from packed_ss import Engine, load_model
 from packed_ss.decode.epilogue import TorchEpilogue
 from packed_ss.decode.registry import schedules
 from packed_ss.decode.state import DecodeState
-from packed_ss.model.attention import Layout, gather_positions, packed_attention_ref, write_anchors
+from packed_ss.model.attention import Layout, anchor_pages, gather_positions, packed_attention_ref, write_anchors
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -74,7 +74,7 @@ def check_paged(lay, q, k, v, caches, cache_lens, dtype, page_size=16, see_rows=
                                     for c in caches)
     length, scale = torch.tensor(cache_lens, device=DEVICE), q.shape[-1] ** -0.5
     want_k, want_v = k_pool.clone(), v_pool.clone()
-    write_anchors(want_k, want_v, table, k, v, length, lay.n_anchor)
+    write_anchors(want_k, want_v, anchor_pages(table, length, lay.n_anchor, page_size), k, v)
     out = packed_attention(q, k, v, k_pool, v_pool, table, length, lay, scale, **launch)
     assert out.shape == q.shape and out.dtype == dtype
     for b in range(len(cache_lens)):

@@ -120,7 +120,7 @@ def test_any_order_quadratic_reads_the_branch_replay(monkeypatch):
 
 
 def test_call_cost_is_measured_once(model):
-    attend = packed_ss.model.attention.packed_attention_ref
+    attend = packed_ss.model.attention.reference_attention
     first = call_cost(model, attend, "torch", [2, 8])
     assert first.tau_ms > 0 and first.delta_ms >= 0
     assert call_cost(model, attend, "torch", [8, 2]) is first

@@ -67,14 +67,13 @@ def anchor_pages(table: torch.Tensor, cache_len: torch.Tensor, n_anchor: int, pa
     return page, positions % page_size
 
 
-def write_anchors(k_pool, v_pool, table, k, v, cache_len: torch.Tensor, n_anchor: int) -> None:
-    """Write the anchors' K/V ([B, R, Hkv, D]) into positions cache_len[b] + i of each request's cache (pools
-    [pages, page_size, Hkv, D], table [B, n]): one index_put_ per pool for the whole batch, no host read."""
-    if n_anchor == 0:
-        return
-    page, offset = anchor_pages(table, cache_len, n_anchor, k_pool.shape[1])
-    k_pool.index_put_((page, offset), k[:, :n_anchor])
-    v_pool.index_put_((page, offset), v[:, :n_anchor])
+def write_anchors(k_pool, v_pool, slots, k, v) -> None:
+    """Write the anchors' K/V ([B, R, Hkv, D], the first n_anchor rows) into their cache slots (`slots`: the
+    (page, offset) [B, n_anchor] of anchor_pages) of pools [pages, page_size, Hkv, D]: one index_put_ per pool for
+    the whole batch, no host read."""
+    n_anchor = slots[0].shape[1]
+    k_pool.index_put_(slots, k[:, :n_anchor])
+    v_pool.index_put_(slots, v[:, :n_anchor])
 
 
 def gather_positions(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -83,27 +82,42 @@ def gather_positions(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return pool[table].reshape(batch, n * pool.shape[1], *pool.shape[2:]).transpose(1, 2)
 
 
-def packed_attention_ref(q, k, v, k_pool, v_pool, table, cache_len, layout: Layout, scale: float):
-    """q [B, R, H, D], k/v [B, R, Hkv, D]; pools [pages, page_size, Hkv, D] (anchors written in place), table
-    [B, n], cache_len [B]. Returns [B, R, H, D]."""
-    write_anchors(k_pool, v_pool, table, k, v, cache_len, layout.n_anchor)
+def reference_attention(table, cache_len, layout: Layout, page_size: int):
+    """The torch reference for one model call (table [B, n], cache_len [B]), as the function of each layer's
+    (q [B, R, H, D], k/v [B, R, Hkv, D], pools [pages, page_size, Hkv, D], scale) -> [B, R, H, D] that writes the
+    anchors in place and attends. What every layer of the call shares, where the anchors go and the visibility
+    mask, is made once."""
     n = layout.n_anchor
-    keys = torch.cat([gather_positions(k_pool, table), k[:, n:].transpose(1, 2)], dim=2)
-    values = torch.cat([gather_positions(v_pool, table), v[:, n:].transpose(1, 2)], dim=2)
-    mask = dense_mask(layout, cache_len, table.shape[1] * k_pool.shape[1])
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask[:, None],
-                                         scale=scale, enable_gqa=True)
-    return out.transpose(1, 2)
+    slots = anchor_pages(table, cache_len, n, page_size) if n else None
+    mask = dense_mask(layout, cache_len, table.shape[1] * page_size)[:, None]
+
+    def attend(q, k, v, k_pool, v_pool, scale: float) -> torch.Tensor:
+        if slots is not None:
+            write_anchors(k_pool, v_pool, slots, k, v)
+        keys = torch.cat([gather_positions(k_pool, table), k[:, n:].transpose(1, 2)], dim=2)
+        values = torch.cat([gather_positions(v_pool, table), v[:, n:].transpose(1, 2)], dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, scale=scale,
+                                             enable_gqa=True)
+        return out.transpose(1, 2)
+    return attend
+
+
+def packed_attention_ref(q, k, v, k_pool, v_pool, table, cache_len, layout: Layout, scale: float):
+    """One layer of one call by the torch reference (reference_attention): q [B, R, H, D], k/v [B, R, Hkv, D];
+    pools [pages, page_size, Hkv, D] (anchors written in place), table [B, n], cache_len [B]. Returns
+    [B, R, H, D]."""
+    return reference_attention(table, cache_len, layout, k_pool.shape[1])(q, k, v, k_pool, v_pool, scale)
 
 
 BACKENDS = ("torch", "triton")
 
 
 def attention_backend(name: str):
-    """The packed-attention function for a backend name: "torch" (reference) or "triton" (fused)."""
+    """The packed attention of a backend name, "torch" (reference_attention) or "triton" (the fused kernel), as
+    the function of a model call's (table, cache_len, layout, page_size) that returns its layers' attention."""
     if name == "torch":
-        return packed_attention_ref
+        return reference_attention
     if name == "triton":
-        from ..kernels.attention import packed_attention_op
-        return packed_attention_op
+        from ..kernels.attention import fused_attention
+        return fused_attention
     raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")

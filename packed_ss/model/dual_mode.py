@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .adapter import Linear
-from .attention import Layout, packed_attention_ref
+from .attention import Layout, reference_attention
 from .config import ModelConfig
 from .rope import apply_rope, llama4_query_scale, rope_cos_sin, rope_inv_freq
 
@@ -44,8 +44,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, q_scale, k_pool, v_pool, table, cache_len, layout, attend):
-        rows, d, drafting = x.shape[:-1], self.cfg.head_dim, layout.draft_from   # rows: (B, R)
+    def forward(self, x, rope, q_scale, k_pool, v_pool, drafting: int | None, attend):
+        rows, d = x.shape[:-1], self.cfg.head_dim   # rows: (B, R)
         q = self.q_proj(x, drafting).view(*rows, -1, d)
         k = self.k_proj(x, drafting).view(*rows, -1, d)
         v = self.v_proj(x, drafting).view(*rows, -1, d)
@@ -54,7 +54,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if q_scale is not None:
             q = q * q_scale
-        out = attend(q, k, v, k_pool, v_pool, table, cache_len, layout, d ** -0.5)
+        out = attend(q, k, v, k_pool, v_pool, d ** -0.5)
         return self.o_proj(out.reshape(*rows, -1), drafting)
 
 
@@ -78,10 +78,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, q_scale, k_pool, v_pool, table, cache_len, layout, attend):
-        x = x + self.self_attn(self.input_layernorm(x), rope, q_scale, k_pool, v_pool, table, cache_len,
-                               layout, attend)
-        return x + self.mlp(self.post_attention_layernorm(x), layout.draft_from)
+    def forward(self, x, rope, q_scale, k_pool, v_pool, drafting: int | None, attend):
+        x = x + self.self_attn(self.input_layernorm(x), rope, q_scale, k_pool, v_pool, drafting, attend)
+        return x + self.mlp(self.post_attention_layernorm(x), drafting)
 
 
 class Backbone(nn.Module):
@@ -162,14 +161,15 @@ class DualModeModel(nn.Module):
         return own_cache(self, capacity, batch, page_size)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, layout: Layout, cache: KVCache,
-                cache_len: torch.Tensor, attend=packed_attention_ref, head: bool = True) -> torch.Tensor | None:
+                cache_len: torch.Tensor, attend=reference_attention, head: bool = True) -> torch.Tensor | None:
         """Logits [rows, vocab] for one packed call; anchors' K/V are written into `cache`. `head=False`: the
         K/V only, no logits (a chunk of a long prompt, whose rows predict nothing anyone reads).
 
         One request: tokens / positions [R], a one-request cache, cache_len 0-d. A batch of requests whose
         calls share the layout: tokens / positions [B, R], a batch cache, cache_len [B] -> [B, R, vocab]
-        (each request attends to its own cache). `attend` is the packed-attention backend (torch reference
-        or a fused kernel, same contract), always called on a batch. A drafting adapter (adapter.py)
+        (each request attends to its own cache). `attend` is the packed-attention backend (attention_backend:
+        the torch reference or the fused kernel), given the call's table, cache lengths and layout once and
+        then each layer's q, k, v and pools, always on a batch. A drafting adapter (adapter.py)
         applies to rows `layout.draft_from ..` only.
         """
         if tokens.dim() == 1:
@@ -184,8 +184,9 @@ class DualModeModel(nn.Module):
         q_scale = None
         if self.cfg.llama4_scaling:
             q_scale = llama4_query_scale(positions, *self.cfg.llama4_scaling, x.dtype)
+        attention = attend(cache.table, cache_len, layout, cache.page_size)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, q_scale, cache.k[i], cache.v[i], cache.table, cache_len, layout, attend)
+            x = layer(x, rope, q_scale, cache.k[i], cache.v[i], layout.draft_from, attention)
         if not head:
             return None
         logits = self.lm_head(self.model.norm(x))

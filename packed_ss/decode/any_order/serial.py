@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...model.attention import Layout, packed_attention_ref
+from ...model.attention import Layout, reference_attention
 from .state import Iteration
 
 
@@ -26,7 +26,7 @@ def logits_at(model, prompt: list[int], context: list[tuple[int, int]], position
                     n if drafting else None)
     cache = model.new_cache(n + 1)
     logits = model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device), layout, cache,
-                   torch.zeros((), dtype=torch.int64, device=device), attend=packed_attention_ref)
+                   torch.zeros((), dtype=torch.int64, device=device), attend=reference_attention)
     return logits[-1]
 
 

@@ -8,12 +8,15 @@
 // No torch headers: the module depends on pybind11 (and, with CUDA, the static CUDA runtime) alone, so
 // it imports without a GPU; a CUDA call without one raises RuntimeError naming the runtime's error.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "epilogue.h"
+#include "lookup.h"
 #include "noise.h"
 #ifdef PSS_WITH_CUDA
 #include "epilogue_cuda.h"
@@ -174,6 +177,17 @@ PYBIND11_MODULE(_epilogue, m) {
       .def_readonly("batch", &State::batch)
       .def_readonly("out_len", &State::out_len);
   def_step(m, "step_cpu", &run_cpu<float>, &run_cpu<double>);
+  m.def(
+      "lookup_cpu",
+      [](uintptr_t hay, uintptr_t end, int64_t batch, int64_t length, const std::vector<int64_t>& ngrams,
+         int64_t width, uintptr_t draft, uintptr_t order) {
+        if (batch < 0 || length < 1 || width < 1) throw std::invalid_argument("lookup: bad batch / length / width");
+        for (const int64_t n : ngrams)
+          if (n < 1 || n > kMaxNgram) throw std::invalid_argument("lookup: n-gram lengths must be 1 .. 8");
+        lookup_rows(as_ptr<const int64_t>(hay), as_ptr<const int64_t>(end), batch, length, ngrams.data(),
+                    static_cast<int64_t>(ngrams.size()), width, as_ptr<int64_t>(draft), as_ptr<int64_t>(order));
+      },
+      "lookup.py's continuation over contiguous int64 rows: (hay, end, batch, length, ngrams, width, draft, order)");
   m.def("philox_uniform", &philox_uniform, "u[i] of packed_ss.sampling.philox_uniform(seed, offset, n)");
   m.def("noise_uniform", &noise_uniform, "u of token x in the row (seed, position): sampling.exponential_noise's");
   m.def(

@@ -12,6 +12,7 @@ from packed_ss.decode.lookup import CONTEXT, NGRAMS, continuation, lookup_draft
 from packed_ss.decode.sampling import SamplingParams
 from packed_ss.decode import registry
 from packed_ss.decode.registry import schedules
+from packed_ss.decode.epilogue import NativeEpilogue, native_available
 from packed_ss.decode.state import DecodeState
 
 
@@ -44,9 +45,18 @@ def state_of(prompt, out, width, stops=(), context=CONTEXT):
     return st
 
 
-def drafted(prompt, out, width, stops=(), context=CONTEXT):
-    draft, length, order = lookup_draft(state_of(prompt, out, width, stops, context), width)
+def drafted(prompt, out, width, stops=(), context=CONTEXT, find=continuation):
+    draft, length, order = lookup_draft(state_of(prompt, out, width, stops, context), width, find)
     return (draft[0, :length[0]].tolist(), order[0].item()) if order[0] else None
+
+
+def native_continuation(hay, end, width):
+    return NativeEpilogue("cpu", width, False).continuation(hay, end, width)
+
+
+FINDERS = [pytest.param(continuation, id="torch"),   # the continuation each epilogue drafts with
+           pytest.param(native_continuation, id="native", marks=pytest.mark.skipif(
+               not native_available("cpu"), reason="the native epilogue is not built"))]
 
 
 EDGES = {   # name: (prompt, output, width, stops)
@@ -66,10 +76,11 @@ EDGES = {   # name: (prompt, output, width, stops)
 }
 
 
+@pytest.mark.parametrize("find", FINDERS)
 @pytest.mark.parametrize("name", list(EDGES))
-def test_edges_match_the_reference(name):
+def test_edges_match_the_reference(name, find):
     prompt, out, width, stops = EDGES[name]
-    assert drafted(prompt, out, width, stops) == reference(prompt, out, width, stops)
+    assert drafted(prompt, out, width, stops, find=find) == reference(prompt, out, width, stops)
 
 
 def test_edges_say_what_they_claim():
@@ -90,8 +101,9 @@ def test_context_keeps_the_last_prompt_tokens():
     assert reference(prompt, [1, 2], 2, context=12) is None
 
 
+@pytest.mark.parametrize("find", FINDERS)
 @pytest.mark.parametrize("vocab", [6, 16])
-def test_random_sequences_match_the_reference(vocab):
+def test_random_sequences_match_the_reference(vocab, find):
     """A batch of random sequences of every length, one call: each row equals the reference."""
     rng = random.Random(vocab)
     width, cases = 5, []
@@ -103,17 +115,37 @@ def test_random_sequences_match_the_reference(vocab):
     out_len = max(st.out.shape[1] for st in states)
     for st in states:
         st.out = torch.nn.functional.pad(st.out, (0, out_len - st.out.shape[1]), value=7)
-    draft, length, order = lookup_draft(DecodeState.cat(states), width)
+    draft, length, order = lookup_draft(DecodeState.cat(states), width, find)
     got = [(draft[b, :length[b]].tolist(), order[b].item()) if order[b] else None for b in range(len(cases))]
     want = [reference(p, o, width, (0,), context=16) for p, o in cases]
     assert got == want
     assert sum(w is not None for w in want) > 8 and sum(w is None for w in want) > 4   # both kinds of row
 
 
-def test_continuation_ignores_what_follows_the_end():
+@pytest.mark.parametrize("find", FINDERS)
+def test_continuation_ignores_what_follows_the_end(find):
     hay = torch.tensor([[1, 2, 1, 2, 5, 5, 5]])
-    draft, order = continuation(hay, torch.tensor([4]), 3)
+    draft, order = find(hay, torch.tensor([4]), 3)
     assert order.item() == 2 and draft.tolist() == [[1, 2, 1]]
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="the native epilogue is not built")
+@pytest.mark.parametrize("vocab", [3, 8, 50])
+def test_the_native_continuation_is_the_torch_one(vocab):
+    """csrc/lookup.h against lookup.continuation on random batches: every row's draft and order alike, the rows
+    without a match (whose draft means nothing) and ends at 0, 1 and the full length included."""
+    gen, orders = torch.Generator().manual_seed(vocab), []
+    for batch, length, width in [(1, 1, 1), (3, 7, 4), (16, 40, 8), (5, 300, 16)]:
+        hay = torch.randint(0, vocab, (batch, length), generator=gen)
+        hay[:, :torch.randint(0, length // 4 + 1, ()).item()] = -1             # a context shorter than its room
+        end = torch.randint(0, length + 1, (batch,), generator=gen)
+        end[0] = length
+        want = continuation(hay, end, width)
+        got = native_continuation(hay, end, width)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        orders.append(want[1])
+    orders = torch.cat(orders)
+    assert (orders == 0).any() and (orders == 1).any() and (orders > 1).any()      # every kind of row
 
 
 # -- decoding with lookup drafts ------------------------------------------------------------------------------------

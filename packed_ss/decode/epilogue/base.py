@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from .. import sampling
+from ..lookup import continuation
 from ..sampling import Sampling, truncated_probs
 from ..state import DecodeState, stop_at_sequences
 
@@ -86,6 +87,10 @@ class Epilogue:
         if not self.sampled:
             return Rows(arg=logits.argmax(-1), vocab=vocab)
         return Rows(prob=truncated_probs(logits, sampling).contiguous(), vocab=vocab)
+
+    def continuation(self, hay: torch.Tensor, end: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The lookup drafter's continuation of each row (lookup.continuation), for the next step's draft."""
+        return continuation(hay, end, width)
 
     def step(self, st: DecodeState, *, verify: Rows | None = None, token: Rows | None = None,
              propose: Rows | None = None, retain: str | int | None = None) -> None:

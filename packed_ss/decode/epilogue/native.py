@@ -12,6 +12,7 @@ from dataclasses import fields
 
 import torch
 
+from ..lookup import NGRAMS
 from ..state import DecodeState
 from .base import Epilogue, Rows, Verified
 from .extension import native_module, native_unavailable_reason
@@ -76,6 +77,18 @@ class NativeEpilogue(Epilogue):
             res = self._res[batch] = torch.zeros(batch, self.block + 2, dtype=torch.int64, device=self.device)
         self.res, self.emitted, self.n_accept = res, res[:, :self.block], res[:, self.block]
         return res
+
+    def continuation(self, hay: torch.Tensor, end: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """On the CPU, csrc/lookup.h row by row; on CUDA, and in a step being compiled, the torch ops (captured or
+        fused with the rest of the step)."""
+        if self.cuda or torch.compiler.is_compiling():
+            return super().continuation(hay, end, width)
+        hay, end = hay.contiguous(), end.contiguous()
+        draft = torch.empty(hay.shape[0], width, dtype=torch.int64)
+        order = torch.empty(hay.shape[0], dtype=torch.int64)
+        self.mod.lookup_cpu(hay.data_ptr(), end.data_ptr(), hay.shape[0], hay.shape[1], NGRAMS, width,
+                            draft.data_ptr(), order.data_ptr())
+        return draft, order
 
     def _step(self, st, verify, token, propose, retain) -> None:
         kind = self.mod.VERIFY_DRAFT if verify is not None else (self.mod.VERIFY_ONE if token is not None

@@ -98,7 +98,7 @@ class Adaptive(Schedule):
         rejoin unchanged, and the policy scores the lookup draft and chooses."""
         passive = torch.zeros_like(st.done) if passive is None else passive
         if self.looks_up:
-            draft, length, order = lookup_draft(st, self.width)
+            draft, length, order = lookup_draft(st, self.width, self.epilogue.continuation)
         else:
             draft, length, order = st.draft, st.draft_len, torch.zeros_like(st.draft_len)
         found = order > 0

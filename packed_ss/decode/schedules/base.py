@@ -84,7 +84,7 @@ class Schedule(Program):
         where one is found ("both"), or is the only draft ("lookup"); a lookup draft's Q is a point mass."""
         if not self.looks_up:
             return
-        draft, length, order = lookup_draft(st, self.width)
+        draft, length, order = lookup_draft(st, self.width, self.epilogue.continuation)
         found = order > 0
         otherwise = st.draft_len if self.draft_source == "both" else torch.zeros_like(st.draft_len)
         st.assign(~st.done, draft=torch.where(found[:, None], draft, st.draft),

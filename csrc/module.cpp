@@ -17,6 +17,7 @@
 
 #include "epilogue.h"
 #include "lookup.h"
+#include "policy.h"
 #include "noise.h"
 #ifdef PSS_WITH_CUDA
 #include "epilogue_cuda.h"
@@ -188,6 +189,28 @@ PYBIND11_MODULE(_epilogue, m) {
                     static_cast<int64_t>(ngrams.size()), width, as_ptr<int64_t>(draft), as_ptr<int64_t>(order));
       },
       "lookup.py's continuation over contiguous int64 rows: (hay, end, batch, length, ngrams, width, draft, order)");
+  m.def(
+      "choose_cpu",
+      [](uintptr_t costs, uintptr_t widths, uintptr_t masks, uintptr_t estimate, int64_t shapes, int64_t width,
+         int64_t orders, int64_t packed, double row, double call, double margin, int64_t cost_batch, int64_t doze,
+         int64_t run_first, int64_t run_last, bool per_request, uintptr_t look_hit, uintptr_t look_order,
+         uintptr_t diffusion, uintptr_t length, uintptr_t order, uintptr_t done, uintptr_t passive, uintptr_t greedy,
+         uintptr_t queued, uintptr_t nfe, uintptr_t choice, uintptr_t quiet_until, uintptr_t quiet_run,
+         int64_t batch) {
+        if (shapes < 1 || width < 1 || orders < 1 || packed < 0 || cost_batch < 2 || batch < 0)
+          throw std::invalid_argument("choose: bad shapes / width / orders / packed / cost_batch / batch");
+        const PolicyNumbers p{as_ptr<const float>(costs), as_ptr<const int64_t>(widths), as_ptr<const int64_t>(masks),
+                              as_ptr<const int64_t>(estimate), shapes, width, orders, packed,
+                              static_cast<float>(row), static_cast<float>(call), static_cast<float>(margin),
+                              cost_batch, doze, run_first, run_last, per_request};
+        const PolicyRows r{as_ptr<const float>(look_hit), as_ptr<const float>(look_order),
+                           as_ptr<const float>(diffusion), as_ptr<const int64_t>(length), as_ptr<const int64_t>(order),
+                           as_ptr<const bool>(done), as_ptr<const bool>(passive), as_ptr<const bool>(greedy),
+                           as_ptr<const bool>(queued), as_ptr<const int64_t>(nfe), as_ptr<int64_t>(choice),
+                           as_ptr<int64_t>(quiet_until), as_ptr<int64_t>(quiet_run), batch};
+        choose_rows(p, r);
+      },
+      "decode/policy.py's Policy.choose over contiguous rows (policy.h)");
   m.def("philox_uniform", &philox_uniform, "u[i] of packed_ss.sampling.philox_uniform(seed, offset, n)");
   m.def("noise_uniform", &noise_uniform, "u of token x in the row (seed, position): sampling.exponential_noise's");
   m.def(

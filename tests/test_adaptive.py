@@ -16,7 +16,7 @@ from sampling_law import (ALPHA, POWER, T1, TOP_K, TOP_P, ar_checkpoint, ar_law,
 
 import packed_ss
 import packed_ss.decode.epilogue.reference as torch_epilogue
-from packed_ss.decode.epilogue import native_available
+from packed_ss.decode.epilogue import NativeEpilogue, native_available
 from packed_ss.decode.policy import DOZE, QUIET, QUIET_RUNS, RATE, Policy, Shape, shapes_for
 from packed_ss.decode.sampling import SamplingParams
 from packed_ss.runtime import Request
@@ -526,3 +526,40 @@ def test_a_request_that_joins_a_quiet_batch_decodes_as_alone(monkeypatch):
     while not (first.done and second.done):
         engine.step()
     assert second.results[0].tokens == alone
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="the native epilogue is not built")
+@pytest.mark.parametrize("per_request", [False, True], ids=["free", "per-request"])
+@pytest.mark.parametrize("drafts", ["lookup", "diffusion", "both"])
+def test_the_native_choice_is_the_torch_one(drafts, per_request):
+    """csrc/policy.h against Policy.choose on random statistics, drafts, settings and quiet rows, at batch sizes 1
+    to 33 (both sides of COST_BATCH), requests waiting and not: the same choices, quiet periods and runs."""
+    gen = torch.Generator().manual_seed(len(drafts) + per_request)
+    shapes = shapes_for(16, drafts)
+    native = NativeEpilogue("cpu", 16, per_request)
+    seen = set()
+    for trial in range(24):
+        costs = sorted((1 + 4 * torch.rand(len(shapes), generator=gen)).tolist())
+        policy = Policy.from_profile(shapes, None).measured([(c, c * (2 + 4 * torch.rand((), generator=gen).item()))
+                                                              for c in costs], per_request)
+        batch = [1, 2, 5, 8, 9, 33][trial % 6]
+        st = state(policy, batch)
+        st.look_hit.copy_(torch.rand(st.look_hit.shape, generator=gen))
+        st.look_order.copy_(torch.rand(st.look_order.shape, generator=gen))
+        st.diffusion.copy_(1 + 3 * torch.rand(st.diffusion.shape, generator=gen))
+        st.sampling.temperature.copy_((torch.rand(batch, generator=gen) < 0.5).float())
+        st.done.copy_(torch.rand(batch, generator=gen) < 0.2)
+        st.queued.fill_(trial % 4 == 1)
+        st.nfe.copy_(torch.randint(0, 50, (batch,), generator=gen))
+        st.quiet_run.copy_(torch.tensor(QUIET_RUNS)[torch.randint(0, 2, (batch,), generator=gen)])
+        st.choice.copy_(torch.randint(0, len(shapes), (batch,), generator=gen))
+        passive = torch.rand(batch, generator=gen) < 0.2
+        length = torch.randint(0, 17, (batch,), generator=gen)
+        order = torch.randint(0, 5, (batch,), generator=gen)
+        want = type(st).cat([st])
+        policy.choose(want, length, order, passive)
+        native.choose(policy, st, length, order, passive)
+        for name in ("choice", "quiet_until", "quiet_run"):
+            assert torch.equal(getattr(st, name), getattr(want, name)), (trial, name)
+        seen |= set(want.choice.tolist())
+    assert len(seen) > 1                              # the cases choose more than one shape

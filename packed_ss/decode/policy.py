@@ -329,7 +329,8 @@ class Policy:
         at its size (every row holds it); per request, each request's most expected tokens per ms at its `marginal`
         cost, except that the greedy rows of a sampled batch, whose tokens do not depend on the shapes, make the
         free choice among themselves (the host runs the cover of the choices). Quiet requests (`passive`) keep
-        theirs; a request whose own best (free: the batch's) is AR goes quiet (module docstring)."""
+        theirs; a request whose own best (free: the batch's) is AR goes quiet (module docstring). The native
+        epilogue makes the same choice in C++ on the CPU (csrc/policy.h, the same float32 operations)."""
         c = self.constants(length.device)
         passive = torch.zeros_like(st.done) if passive is None else passive
         choosing = ~st.done & ~passive
@@ -363,8 +364,9 @@ class Policy:
         request-call and ran as many calls as AR (bench/RESULTS.md)."""
         gain = torch.where(choosing[:, None], expected - 1, 0.0)                              # [B, S]
         least = torch.where(st.done[:, None], gain.amax(0), gain).amin(0)                     # [S]
-        closed = (self.row * gain.sum(0) + self.call * least) * st.batch / ar_cost
-        return choosing.sum() + torch.where(st.queued.any(), gain.sum(0), closed)
+        total = gain.sum(0, dtype=torch.float64).to(gain.dtype)      # accumulated in double, as csrc/policy.h
+        closed = (self.row * total + self.call * least) * st.batch / ar_cost
+        return choosing.sum() + torch.where(st.queued.any(), total, closed)
 
     @staticmethod
     def marginal(c: "Constants") -> torch.Tensor:

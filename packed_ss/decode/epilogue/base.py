@@ -4,7 +4,9 @@ A decode step ends with acceptance, the correction or bonus draw, emit with the 
 length advance and the retain of the proposal suffix with its Q. Two objects implement it with the same
 calls and bit-identical results: `TorchEpilogue` (plain torch, the reference; it compiles with
 torch.compile) and `NativeEpilogue` (csrc/, one call per step). A schedule holds one of them and has a
-single update path.
+single update path. After the step, the next lookup draft (`continuation`) and the adaptive schedule's choice
+(`choose`) go through the epilogue too: the native one runs both in C++ on the CPU (csrc/lookup.h, policy.h),
+where a few dozen small torch ops each would cost more than the rest of the step.
 
 What an epilogue consumes: the model's logits, processed by `rows(logits, sampling)` into the argmax of each row
 (greedy) or the truncated distribution of each row (sampled: `truncated_probs` with each request's settings, dense:
@@ -91,6 +93,10 @@ class Epilogue:
     def continuation(self, hay: torch.Tensor, end: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The lookup drafter's continuation of each row (lookup.continuation), for the next step's draft."""
         return continuation(hay, end, width)
+
+    def choose(self, policy, st, length: torch.Tensor, order: torch.Tensor, passive: torch.Tensor | None = None):
+        """The adaptive schedule's choice after the step (policy.Policy.choose)."""
+        policy.choose(st, length, order, passive)
 
     def step(self, st: DecodeState, *, verify: Rows | None = None, token: Rows | None = None,
              propose: Rows | None = None, retain: str | int | None = None) -> None:

@@ -12,6 +12,7 @@ from dataclasses import fields
 
 import torch
 
+from .. import policy as rules
 from ..lookup import NGRAMS
 from ..state import DecodeState
 from .base import Epilogue, Rows, Verified
@@ -89,6 +90,23 @@ class NativeEpilogue(Epilogue):
         self.mod.lookup_cpu(hay.data_ptr(), end.data_ptr(), hay.shape[0], hay.shape[1], NGRAMS, width,
                             draft.data_ptr(), order.data_ptr())
         return draft, order
+
+    def choose(self, policy, st, length: torch.Tensor, order: torch.Tensor, passive: torch.Tensor | None = None):
+        """On the CPU, csrc/policy.h (Policy.choose's arithmetic, request by request); on CUDA, in a step being
+        compiled and for a policy that chooses its own way (a subclass's `choose`), the torch ops."""
+        if self.cuda or torch.compiler.is_compiling() or type(policy).choose is not rules.Policy.choose:
+            return policy.choose(st, length, order, passive)
+        c = policy.constants(self.device)
+        passive = torch.zeros_like(st.done) if passive is None else passive
+        rows = (st.look_hit, st.look_order, st.diffusion, length.contiguous(), order.contiguous(), st.done,
+                passive.contiguous(), (st.sampling.temperature == 0).contiguous(), st.queued, st.nfe)
+        written = (st.choice, st.quiet_until, st.quiet_run)
+        if not all(t.is_contiguous() for t in rows + written):
+            raise ValueError("the adaptive state's rows must be contiguous")
+        self.mod.choose_cpu(*(t.data_ptr() for t in (c.costs, c.widths, c.masks, c.estimate)), len(policy.shapes),
+                            policy.width, st.look_hit.shape[1], len(policy.packed), policy.row, policy.call,
+                            rules.MARGIN, rules.COST_BATCH, rules.DOZE, *rules.QUIET_RUNS, policy.per_request,
+                            *(t.data_ptr() for t in rows + written), st.batch)
 
     def _step(self, st, verify, token, propose, retain) -> None:
         kind = self.mod.VERIFY_DRAFT if verify is not None else (self.mod.VERIFY_ONE if token is not None

@@ -115,4 +115,4 @@ class Adaptive(Schedule):
             held, offset = held
             st.done.logical_and_(~held)
             st.offset.copy_(torch.where(held, offset, st.offset))
-        self.policy.choose(st, length, order, passive)
+        self.epilogue.choose(self.policy, st, length, order, passive)

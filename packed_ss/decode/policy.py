@@ -42,8 +42,9 @@ machine that may be busy, and a wrong bet costs more than a missed one).
 Quiet periods: a request whose own best shape is AR (per request; free, when the batch's is) goes quiet for
 DOZE of its calls, or, while AR is its best bet for the iterations to come too (`potential`: a full lookup draft as
 often as one is found), for a run of QUIET_RUNS[0] calls that doubles each time up to QUIET_RUNS[1] and falls back
-once a draft could pay. Each full iteration costs about a millisecond more than the lean AR step on a 2-core CPU
-(lookup, scoring, the choice), so a run that starts long keeps a request no draft pays for near AR's cost.
+once a draft could pay. Each full iteration costs more than the lean AR step (0.6 ms on the shipped model on a 2-core
+CPU with the native epilogue: lookup, scoring, the choice), so a run that starts long keeps a request no draft pays
+for near AR's cost.
 The period ends at a call count (`quiet_until`, against the state's nfe), so nothing counts it down. A
 quiet request is passive in every call: it verifies an empty draft, and nothing of its statistics, draft or choice
 changes. The status table carries each request's choice and the calls it stays quiet for; when every live request

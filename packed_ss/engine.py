@@ -29,11 +29,11 @@ from .width import call_cost, choose_width, machine, model_fingerprint, profile_
 
 MAX_WIDTH = 64
 DEFAULT_WIDTH = 8
+LOOKUP_WIDTH = 16   # the adaptive schedule's widest lookup draft, at least (_adaptive_width)
 PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for width="auto"
 
 
-# The settings an adaptive sampled program's call costs are measured with (one program serves every setting):
-# truncated, so that a row is priced with its dearer logits processing.
+# An adaptive sampled program's call costs are measured with these settings (one program serves every setting):
 PRICED = SamplingParams(temperature=1.0, top_p=0.95)
 SAMPLERS = ("rejection", "gumbel")
 DEFAULT_SAMPLER = "rejection"
@@ -65,11 +65,10 @@ class Engine:
         `width`: draft tokens verified per call, an integer, or "auto" / None (the default): the width that
         maximises expected tokens per second given the drafter's acceptance profile (`model.draft_profile`)
         and this device's per-call latency, measured once per process (width.py); at most the model's
-        `cfg.block_size - 1`. Without a profile: `cfg.block_size - 1` where the config declares one (capped at
-        MAX_WIDTH), else 8. `engine.width` is the width in use; `engine.width_source` says where it came from
-        ("measured now", "remembered from <time>", a fixed default): a measured choice is stored per machine,
-        install, model and setting (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the
-        same tokens in every process.
+        `cfg.block_size - 1`; without a profile that, capped at MAX_WIDTH, else 8 (adaptive: _adaptive_width).
+        `engine.width` is the width in use, `engine.width_source` where it came from ("measured now", "remembered
+        from <time>", a fixed default): a measured choice is stored per machine, install, model and setting
+        (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the same tokens in every process.
         `sampler`: how a sampled request (temperature > 0) verifies drafts; both give the AR distribution
         exactly (default: the one the drafter's acceptance profile names, measured on that model, else
         DEFAULT_SAMPLER, by measurement on the shipped model: bench/RESULTS.md, "Adaptive"). "rejection": the paper's
@@ -87,9 +86,8 @@ class Engine:
         of `page_size` cache positions that requests take as their tokens need them (default: the environment's
         PACKED_SS_KV_CACHE_BYTES, else 80% of the free GPU memory when the pool is made; on a CPU 4 GiB or a
         quarter of the host's memory, of which only the pages used are touched; at most what MAX_BATCH requests
-        of max_seq_len could hold); requests wait for pages, and
-        a running request is preempted (and later continues unchanged) when the pool runs out; a request that
-        does not fit the pool alone is a ValueError. `prefix_cache`: a prompt that starts with the tokens of an earlier
+        of max_seq_len could hold); requests wait for pages, and a running request is preempted (and later
+        continues unchanged) when the pool runs out; a request that does not fit the pool alone is a ValueError. `prefix_cache`: a prompt that starts with the tokens of an earlier
         request's full pages (its prompt, or prompt and output) shares their K/V and prefills only the rest; the
         tokens are the same with it on or off (float64; in lower precision up to the rounding of a call of
         other rows, see README). `max_batch`: the most requests running at once (default and at most MAX_BATCH), its
@@ -157,14 +155,16 @@ class Engine:
             self.width = self._auto_width() if auto else width
 
     def _adaptive_width(self) -> int:
-        """The adaptive schedule's widest shape: the acceptance profile's width, the model's `cfg.block_size - 1` at
-        most; without a profile `cfg.block_size - 1` where the config declares one, else DEFAULT_WIDTH."""
+        """The adaptive schedule's widest shape: the drafter's (the profile's width, else `cfg.block_size - 1` where
+        the config has one, else DEFAULT_WIDTH), with lookup drafts at least LOOKUP_WIDTH (no drafter bounds those,
+        and the policy bets on a wide shape only where its measured costs say it pays); `cfg.block_size - 1` at most."""
         cfg, profile = self.model.cfg, self.model.draft_profile
         limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
         self.width_source = "adaptive: the profile's width" if profile else "adaptive: default"
-        if profile:
-            return min(limit, profile["width"])
-        return limit if cfg.block_size else DEFAULT_WIDTH
+        width = profile["width"] if profile else (limit if cfg.block_size else DEFAULT_WIDTH)
+        if self.drafts in ("lookup", "both") and width < LOOKUP_WIDTH:
+            width, self.width_source = LOOKUP_WIDTH, "adaptive: the lookup width"
+        return min(limit, width)
 
     def _auto_width(self) -> int:
         """width="auto" (width.py): the profile's best width on this device, measured once per machine and

@@ -66,7 +66,8 @@ def test_defaults_follow_the_checkpoint(nld):
     assert default.dtype == torch.float32                       # the CPU default, whatever torch_dtype says
     assert packed_ss.Engine(default).width == 31                # block_size 32 - 1
     assert sum(m.lora is not None for m in model.modules() if hasattr(m, "lora")) == SMALL["num_hidden_layers"]
-    assert packed_ss.Engine(packed_ss.load_model(checkpoint("llama-gqa"))).width == 8   # no block_size
+    causal = packed_ss.load_model(checkpoint("llama-gqa"))                          # no block_size
+    assert packed_ss.Engine(causal, "packed").width == 8 and packed_ss.Engine(causal).width == 16   # adaptive: lookup's
     assert default_dtype(model.cfg, "cuda") == torch.bfloat16 and default_dtype(model.cfg, "cpu") == torch.float32
 
 

@@ -96,6 +96,21 @@ def test_step_overhead_arithmetic():
     assert step_overhead(("test", 2), decode, 2.0) == 0.0          # a fit above the measurement: never below zero
 
 
+def test_the_adaptive_width_is_the_lookup_width_where_the_drafter_is_narrower(model):
+    """No drafter bounds a lookup draft: the adaptive schedule's widest shape is LOOKUP_WIDTH where it drafts by
+    lookup and the drafter's width (the profile's, else the default) is narrower; the drafter's with diffusion
+    drafts alone, or where it is wider; the block at most."""
+    lookup_width = packed_ss.engine.LOOKUP_WIDTH
+    for profile in (PROFILE, None):
+        model.draft_profile = profile
+        assert packed_ss.Engine(model).width == packed_ss.Engine(model, drafts="lookup").width == lookup_width
+        assert packed_ss.Engine(model, drafts="diffusion").width == (6 if profile else packed_ss.engine.DEFAULT_WIDTH)
+    model.draft_profile = dict(PROFILE, width=24)
+    assert packed_ss.Engine(model).width == 24
+    model.cfg = dataclasses.replace(model.cfg, block_size=12)
+    assert packed_ss.Engine(model).width == 11
+
+
 def test_auto_width_respects_block_size(tmp_path, monkeypatch):
     monkeypatch.setattr(packed_ss.engine, "call_cost", lambda *a: CallCost(5.0, 0.001))
     monkeypatch.setattr(packed_ss.engine, "step_overhead", lambda *a: 0.0)

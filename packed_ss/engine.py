@@ -33,7 +33,7 @@ LOOKUP_WIDTH = 16   # the adaptive schedule's widest lookup draft, at least (_ad
 PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for width="auto"
 
 
-# An adaptive sampled program's call costs are measured with these settings (one program serves every setting):
+# An adaptive sampled program (one serves every setting) is priced truncated, with its dearer logits processing:
 PRICED = SamplingParams(temperature=1.0, top_p=0.95)
 SAMPLERS = ("rejection", "gumbel")
 DEFAULT_SAMPLER = "rejection"
@@ -77,20 +77,20 @@ class Engine:
         target and drafter sample by Gumbel-max with noise keyed by (seed, output position, token), so a
         seeded request returns the same tokens under every schedule, width and batch (those of
         schedule="ar"), nothing is stored, and verification is the greedy comparison.
-        `compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a
-        torch.compile backend name); with `cuda_graph` too, the compiled steps are what the graph captures.
-        `max_seq_len` caps prompt + new tokens (default: the model's). `prefill_chunk`: the most prompt
-        tokens one call prefills; a longer prompt enters the cache a chunk per decode iteration, so requests
-        already running wait at most one chunk's call per iteration for it (same tokens as one call, up to
-        float rounding of the attention sums). `kv_cache_bytes`: the size of the engine's K/V pool, in pages
-        of `page_size` cache positions that requests take as their tokens need them (default: the environment's
-        PACKED_SS_KV_CACHE_BYTES, else 80% of the free GPU memory when the pool is made; on a CPU 4 GiB or a
-        quarter of the host's memory, of which only the pages used are touched; at most what MAX_BATCH requests
-        of max_seq_len could hold); requests wait for pages, and a running request is preempted (and later
-        continues unchanged) when the pool runs out; a request that does not fit the pool alone is a ValueError. `prefix_cache`: a prompt that starts with the tokens of an earlier
+        `compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a torch.compile
+        backend name); with `cuda_graph` too, the compiled steps are what the graph captures. `max_seq_len` caps
+        prompt + new tokens (default: the model's). `prefill_chunk`: the most prompt tokens one call prefills; a
+        longer prompt enters the cache a chunk per decode iteration, so requests already running wait at most one
+        chunk's call per iteration for it (same tokens as one call, up to float rounding of the attention sums).
+        `kv_cache_bytes`: the size of the engine's K/V pool, in pages of `page_size` cache positions that requests
+        take as their tokens need them (default: the environment's PACKED_SS_KV_CACHE_BYTES, else 80% of the free
+        GPU memory when the pool is made; on a CPU 4 GiB or a quarter of the host's memory, of which only the pages
+        used are touched; at most what MAX_BATCH requests of max_seq_len could hold); requests wait for pages, and a
+        running request is preempted (and later continues unchanged) when the pool runs out; a request that does not
+        fit the pool alone is a ValueError. `prefix_cache`: a prompt that starts with the tokens of an earlier
         request's full pages (its prompt, or prompt and output) shares their K/V and prefills only the rest; the
-        tokens are the same with it on or off (float64; in lower precision up to the rounding of a call of
-        other rows, see README). `max_batch`: the most requests running at once (default and at most MAX_BATCH), its
+        tokens are the same with it on or off (float64; in lower precision up to the rounding of a call of other
+        rows, see README). `max_batch`: the most requests running at once (default and at most MAX_BATCH), its
         greedy and sampled batches together; later ones wait for a slot, in the order they came (a server's
         `--max-batch`).
 

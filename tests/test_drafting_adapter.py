@@ -67,7 +67,7 @@ def test_defaults_follow_the_checkpoint(nld):
     assert packed_ss.Engine(default).width == 31                # block_size 32 - 1
     assert sum(m.lora is not None for m in model.modules() if hasattr(m, "lora")) == SMALL["num_hidden_layers"]
     causal = packed_ss.load_model(checkpoint("llama-gqa"))                          # no block_size
-    assert packed_ss.Engine(causal, "packed").width == 8 and packed_ss.Engine(causal).width == 16   # adaptive: lookup's
+    assert packed_ss.Engine(causal, "packed").width == 8 and packed_ss.Engine(causal).width == 16   # lookup's width
     assert default_dtype(model.cfg, "cuda") == torch.bfloat16 and default_dtype(model.cfg, "cpu") == torch.float32
 
 

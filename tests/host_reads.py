@@ -25,9 +25,9 @@ wrapped calls (`__format__` -> `item`) are ignored. Reads of CPU tensors count l
 staging buffer read with `.tolist()` is the one read an iteration is allowed. Only the thread that
 entered the block is counted, and only inside the block, so pytest's own reprs do not count.
 
-The logits processing skips, on the CPU, work no request of a batch asks for, found by host reads that cost
-nothing there (`packed_ss.decode.sampling.reads_are_free`); inside the block it takes the device path, which reads
-nothing, so that the count is what a GPU run would pay.
+The logits processing skips, on the CPU, work no request of a batch asks for, and the torch attention reads only
+the pages its rows see, found by host reads that cost nothing there (`packed_ss.host.reads_are_free`); inside the
+block both take the device path, which reads nothing, so that the count is what a GPU run would pay.
 
 Not seen: C++ extensions that read tensor memory through `data_ptr()` (the native epilogue on the
 CPU) and syncs inside a kernel launch; `copy_(..., non_blocking=True)` into a pinned buffer is not a
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from packed_ss.decode import sampling
+from packed_ss import host
 
 # Tensor methods that hand tensor values to Python.
 METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__",
@@ -238,8 +238,8 @@ def count_host_reads(keep: int = 20, frames: int = 4):
     counts alone while it runs)."""
     counter = HostReads(keep=keep, frames=frames)
     saved = {name: torch.Tensor.__dict__.get(name, _MISSING) for name in METHODS}
-    free = sampling.reads_are_free
-    sampling.reads_are_free = lambda t: False      # the logits processing takes the path a GPU takes
+    free = host.reads_are_free
+    host.reads_are_free = lambda t: False      # the logits processing and the attention take the path a GPU takes
     outer = (_Active.counter, _Active.thread)
     if outer[0] is None:   # the outermost block installs the wrappers; nested blocks reuse them
         for name in METHODS:
@@ -252,7 +252,7 @@ def count_host_reads(keep: int = 20, frames: int = 4):
             finally:
                 _Active.counter, _Active.thread = outer
     finally:
-        sampling.reads_are_free = free
+        host.reads_are_free = free
         if outer[0] is None:
             for name, value in saved.items():
                 if value is _MISSING:

@@ -10,8 +10,7 @@ import pytest
 import torch
 from tiny_models import checkpoint
 
-from packed_ss import SamplingParams, load_model
-from packed_ss.decode import sampling
+from packed_ss import SamplingParams, host, load_model
 from packed_ss.decode.registry import schedules
 from packed_ss.decode.epilogue import TorchEpilogue
 from packed_ss.model.attention import reference_attention
@@ -67,7 +66,7 @@ def no_host_reads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a decode step read a tensor on the host")
     with monkeypatch.context() as m:
-        m.setattr(sampling, "reads_are_free", lambda t: False)    # the logits processing's device path
+        m.setattr(host, "reads_are_free", lambda t: False)    # the logits processing's and attention's device path
         for name in ("item", "tolist", "__bool__", "__int__", "__float__", "nonzero"):
             m.setattr(torch.Tensor, name, refuse)
         yield

@@ -14,7 +14,7 @@ import pytest
 import torch
 from packed_ss.kernels.attention import packed_attention
 
-from packed_ss import Engine, load_model
+from packed_ss import Engine, host, load_model
 from packed_ss.decode.epilogue import TorchEpilogue
 from packed_ss.decode.registry import schedules
 from packed_ss.decode.state import DecodeState
@@ -225,6 +225,31 @@ def test_batched_reference(kind, group):
                                     scale)
         torch.testing.assert_close(out[b:b + 1], want, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(gather_positions(k_pool, table[b:b + 1]), gather_positions(k_own, identity), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_the_reference_reads_only_the_pages_its_rows_see(kind, monkeypatch):
+    """On the CPU, eagerly, the torch reference reads a page table no further than its furthest visible position
+    (model.attention.pages_seen): NaN in every page past it changes nothing, and its output equals the device
+    path's (which reads the whole table) over the same pools with those pages zero, to float32 rounding (the
+    scratch rows' keys follow the cache's, at another offset)."""
+    cpu = torch.device("cpu")
+    lay, q, k, v, caches = batch_inputs(kind, 1, torch.float32, cpu, poison=False)
+    scale, page = q.shape[-1] ** -0.5, 16
+    (k_pool, table), (v_pool, _) = (paged(c, page, torch.Generator().manual_seed(5)) for c in caches)
+    length = torch.tensor(BATCH_LENS)
+    seen = int((length[:, None] + lay.see + 1).max())
+    assert seen < table.shape[1] * page - page, "the table must reach past the positions the rows see"
+    unseen = table[:, -(-seen // page):].flatten()
+    poisoned = [pool.clone().index_fill_(0, unseen, float("nan")) for pool in (k_pool, v_pool)]
+    zero = [pool.clone().index_fill_(0, unseen, 0.0) for pool in (k_pool, v_pool)]
+    out = packed_attention_ref(q, k, v, *poisoned, table, length, lay, scale)
+    assert out.isfinite().all()
+    with monkeypatch.context() as m:
+        m.setattr(host, "reads_are_free", lambda t: False)
+        whole = packed_attention_ref(q, k, v, *zero, table, length, lay, scale)
+        assert packed_attention_ref(q, k, v, *poisoned, table, length, lay, scale).isnan().any()
+    torch.testing.assert_close(out, whole, rtol=1e-6, atol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from packed_ss.decode import sampling
+from packed_ss import host
 from packed_ss.decode.acceptance import verify_greedy
 from packed_ss.decode.sampling import Sampling, SamplingParams, inverse_cdf, philox4x32, philox_uniform, truncated_probs
 
@@ -127,7 +127,7 @@ def test_the_device_path_keeps_what_the_cpu_path_keeps(monkeypatch, mix, vocab):
     g = torch.Generator().manual_seed(vocab + 1)
     logits = torch.randn(len(params), 3, vocab, generator=g, dtype=torch.float64) * torch.tensor([4.0, 0.3, 1.0])[:, None]
     eager = truncated_probs(logits, batch_of(params))
-    monkeypatch.setattr(sampling, "reads_are_free", lambda t: False)
+    monkeypatch.setattr(host, "reads_are_free", lambda t: False)
     assert torch.equal(truncated_probs(logits, batch_of(params)), eager), mix
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import host
 from ..runtime.request import Sampling, SamplingParams
 
 _M32 = 0xFFFFFFFF
@@ -95,13 +96,6 @@ PARTIAL = 64    # kept: the most probable tokens a partial sort ranks first
 WIDE = 4096     # ... and a wider partial sort ranks, for the rows whose PARTIAL hold too little of the mass
 
 
-def reads_are_free(t: torch.Tensor) -> bool:
-    """Whether the logits processing may read t's values on the host to skip work no request asks for: on the CPU,
-    eagerly, where a read costs nothing. On another device, or compiled, it reads nothing (the device path: every
-    row takes every rule; tests/host_reads.py counts the reads of that path, what a GPU would pay)."""
-    return t.device.type == "cpu" and not torch.compiler.is_compiling()
-
-
 def _per_row(setting: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A per-request setting [B] shaped to broadcast over rows like [B, ..., V]."""
     return setting.view(setting.shape + (1,) * (like.dim() - setting.dim()))
@@ -114,9 +108,9 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     distribution; tokens tied at a threshold are all kept). No full sort where a partial one finds the threshold:
     the PARTIAL most probable tokens do wherever k <= PARTIAL or they hold top_p of the mass, the WIDE most
     probable ones where they do, and the rows where neither does are ranked whole (those rows alone where
-    `reads_are_free`, else every row at once). On SmolLM2's 49,152 tokens a partial sort of WIDE costs a sixth of
-    a full one (0.24 against 1.45 ms a row, Intel Xeon, 2 threads), and at T = 1 / top-p 0.95 a third of the rows
-    of real text need more than PARTIAL, almost none more than WIDE."""
+    `host.reads_are_free`, else every row at once). On SmolLM2's 49,152 tokens a partial sort of WIDE costs a
+    sixth of a full one (0.24 against 1.45 ms a row, Intel Xeon, 2 threads), and at T = 1 / top-p 0.95 a third of
+    the rows of real text need more than PARTIAL, almost none more than WIDE."""
     vocab = prob.shape[-1]
     flat = prob.reshape(-1, vocab)
     k = _per_row(top_k, prob)[..., 0].expand(prob.shape[:-1]).reshape(-1)
@@ -130,7 +124,7 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
         before = values.cumsum(-1) - values
         keep = top & ((before < (p * mass)[:, None]) | (p >= 1)[:, None])
         return values.masked_fill(~keep, torch.inf).amin(-1)
-    if not reads_are_free(prob) or vocab <= PARTIAL:
+    if not host.reads_are_free(prob) or vocab <= PARTIAL:
         cut = threshold(flat.sort(-1, descending=True).values, k, p)
     else:
         cut = torch.empty_like(flat[:, 0])
@@ -169,10 +163,10 @@ def truncated_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     on its batch: top-k of at most PARTIAL tokens the sorted head (`_top_k_head`); else the softmax over the
     vocabulary, masked by `kept` and renormalised where top-k or top-p truncate (not where nothing does, so that
     untruncated sampling pays no mask); temperature 0 the point mass on the argmax (greedy, the limit, which every
-    rule of the rejection sampler turns into greedy decoding). Where `reads_are_free`, a path no request takes is
-    skipped."""
+    rule of the rejection sampler turns into greedy decoding). Where `host.reads_are_free`, a path no request takes
+    is skipped."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    eager = reads_are_free(logits)
+    eager = host.reads_are_free(logits)
     cold = sampling.temperature == 0
     temperature = _per_row(torch.where(cold, 1.0, sampling.temperature), logits).to(logits.dtype)
     head = (sampling.top_k > 0) & (sampling.top_k <= PARTIAL) & ~cold

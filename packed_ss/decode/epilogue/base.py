@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import sampling
+from ... import host
 from ..lookup import continuation
 from ..sampling import Sampling, truncated_probs
 from ..state import DecodeState, stop_at_sequences
@@ -125,7 +125,7 @@ class Epilogue:
         slots, nor on the CPU, eagerly, where no request has a sequence (each unused slot ends in -2)."""
         if not st.stop_seqs.shape[1]:
             return None
-        if sampling.reads_are_free(st.stop_seqs) and not (st.stop_seqs[..., -1] != -2).any():
+        if host.reads_are_free(st.stop_seqs) and not (st.stop_seqs[..., -1] != -2).any():
             return None
         return st.n_out.clone()
 

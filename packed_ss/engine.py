@@ -11,6 +11,7 @@ from tqdm import tqdm
 from .checks import check_drafts, check_int, check_request, check_requests
 from .decode.any_order import ORDERS
 from .decode.epilogue import EPILOGUES, make_epilogue, pick_epilogue
+from .decode.lookup import drafts_by_lookup
 from .decode.policy import COST_BATCH, NARROW, Policy, shapes_for
 from .decode.sampling import SamplingParams
 from .decode.registry import schedules
@@ -162,7 +163,7 @@ class Engine:
         limit = min(cfg.block_size - 1, MAX_WIDTH) if cfg.block_size else MAX_WIDTH
         self.width_source = "adaptive: the profile's width" if profile else "adaptive: default"
         width = profile["width"] if profile else (limit if cfg.block_size else DEFAULT_WIDTH)
-        if self.drafts in ("lookup", "both") and width < LOOKUP_WIDTH:
+        if drafts_by_lookup(self.drafts) and width < LOOKUP_WIDTH:
             width, self.width_source = LOOKUP_WIDTH, "adaptive: the lookup width"
         return min(limit, width)
 
@@ -233,10 +234,9 @@ class Engine:
     def greedy_joins_sampled(self) -> bool:
         """Whether greedy requests join a running sampled batch (`joining`): with a fixed schedule (its sampled
         program runs the greedy one's call shapes) one batch measured 1.04-1.43x the throughput of two; with the
-        adaptive one under shared noise (the greedy program's free choice at the full width) 1.14-1.46x on SmolLM2.
-        Not with the adaptive one under the rejection sampler, whose sampled program is narrow (NARROW) and prices
-        its sampled rows per request: one batch ran 0.90x the throughput of two on the 4M model, its greedy requests
-        1.8x as long (bench/RESULTS.md, "The greedy rows of a sampled adaptive batch choose freely")."""
+        adaptive one under shared noise (free choices at the full width) 1.14-1.46x on SmolLM2. Not under the
+        rejection sampler, whose adaptive sampled program is narrow (NARROW) and prices its rows per request: one
+        batch ran 0.90x the throughput of two on the 4M model (RESULTS.md, "The greedy rows of a sampled ...")."""
         return self.schedule_name != ADAPTIVE or self.sampler == "gumbel"
 
     def _build(self, width: int, sampled: bool, epilogue: str):

@@ -19,6 +19,11 @@ NGRAMS = (4, 3, 2, 1)  # match lengths tried, longest first (1: any earlier occu
 CONTEXT = 1024         # prompt tokens searched (the last ones of a longer prompt), besides the whole output
 
 
+def drafts_by_lookup(drafts: str | None) -> bool:
+    """Whether a draft source ("diffusion", "lookup", "both"; None: no drafts) has lookup drafts."""
+    return drafts in ("lookup", "both")
+
+
 def continuation(hay: torch.Tensor, end: torch.Tensor, width: int, ngrams=NGRAMS) -> tuple[torch.Tensor, torch.Tensor]:
     """(draft [B, W], order [B]): the lookup continuation of each row's sequence hay[b, :end[b]] (tokens >= 0;
     -1 marks no token) and the length n of the match it follows (its order). Rows without a match have order 0

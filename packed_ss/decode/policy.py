@@ -60,7 +60,7 @@ from typing import NamedTuple
 
 import torch
 
-from .lookup import NGRAMS
+from .lookup import NGRAMS, drafts_by_lookup
 from .state import DecodeState
 
 RATE = 0.125        # weight of a new observation in a running mean
@@ -101,7 +101,7 @@ def shapes_for(width: int, drafts: str, masks: int = NARROW) -> list[Shape]:
     (verifying as many, and with lookup drafts the full width too). Closed under `cover`."""
     narrow, masks = min(NARROW, width), min(masks, width)
     shapes = {AR}
-    if drafts in ("lookup", "both"):
+    if drafts_by_lookup(drafts):
         shapes |= {Shape(narrow), Shape(width)}
     if drafts in ("diffusion", "both"):
         shapes |= {Shape(masks, masks)} | ({Shape(narrow, masks), Shape(width, masks)} if drafts == "both" else set())

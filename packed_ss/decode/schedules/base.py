@@ -8,7 +8,7 @@ from ...runtime import ModelInput, Request, Step
 from ...runtime.program import Program
 from ...runtime.staging import staged
 from ..epilogue import Epilogue
-from ..lookup import CONTEXT, lookup_draft
+from ..lookup import CONTEXT, drafts_by_lookup, lookup_draft
 from ..state import DecodeState, q_dtype
 
 DRAFT_SOURCES = ("diffusion", "lookup", "both")
@@ -44,7 +44,7 @@ class Schedule(Program):
     def __init__(self, model, width: int, sampled: bool, epilogue: Epilogue, draft_source: str | None = "diffusion"):
         self.model, self.width, self.sampled, self.epilogue = model, width, sampled, epilogue
         self.draft_source = draft_source
-        self.looks_up = draft_source in ("lookup", "both")
+        self.looks_up = drafts_by_lookup(draft_source)
         self.block = width + 1                 # the most tokens one iteration emits
         self.reserve = 2 * self.block          # cache slots a call may write past the output
         self.device = model.device

@@ -3,13 +3,11 @@
 // the uniform u of packed_ss.decode.sampling.exponential_noise bit for bit: token x takes words 2 (x % 2),
 // 2 (x % 2) + 1 of the Philox4x32-10 block at counter (x / 2, position lo, position hi, kNoiseStream), key
 // (seed lo, seed hi), 53 bits in (0, 1). Rows are independent: the CPU loop below runs them in parts on a few
-// threads, the CUDA kernel (noise.cu) one thread block per row.
+// threads (OpenMP), the CUDA kernel (noise.cu) one thread block per row.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
-#include <thread>
-#include <vector>
 
 #include "epilogue.h"
 
@@ -128,18 +126,17 @@ void race_rows_cpu(const int64_t* seed, const int64_t* position, int64_t begin, 
 constexpr int64_t kRaceEntriesPerThread = 1 << 16;  // a thread of the CPU race takes at least this many entries
 
 // race_rows_cpu over every row, split into contiguous parts on up to `threads` threads (the caller's, torch's
-// intra-op count) when the rows hold enough entries to pay for them. Rows are independent: the same tokens
-// whatever the split.
+// intra-op count) when the rows hold enough entries to pay for them. The parts run on OpenMP's threads: the
+// module links libgomp.so.1, which resolves to the copy torch loaded, so the race reuses torch's intra-op
+// threads rather than racing them for the cores (threads of its own ran 2.7x as long as alone, between torch
+// ops). Rows are independent: the same tokens whatever the split.
 template <typename T>
 void race_cpu(const int64_t* seed, const int64_t* position, int64_t n_rows, int64_t rows_per_seed, const T* prob,
               const int64_t* idx, int64_t k, int64_t* tokens, int64_t threads) {
   const int64_t parts = imax(1, imin(imin(threads, n_rows), n_rows * k / kRaceEntriesPerThread));
-  std::vector<std::thread> helpers;
-  for (int64_t t = 1; t < parts; ++t)
-    helpers.emplace_back(race_rows_cpu<T>, seed, position, n_rows * t / parts, n_rows * (t + 1) / parts,
-                         rows_per_seed, prob, idx, k, tokens);
-  race_rows_cpu(seed, position, 0, n_rows / parts, rows_per_seed, prob, idx, k, tokens);
-  for (auto& helper : helpers) helper.join();
+#pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
+  for (int64_t t = 0; t < parts; ++t)
+    race_rows_cpu(seed, position, n_rows * t / parts, n_rows * (t + 1) / parts, rows_per_seed, prob, idx, k, tokens);
 }
 
 #endif  // !defined(__CUDACC__)

@@ -234,9 +234,9 @@ class Engine:
     def greedy_joins_sampled(self) -> bool:
         """Whether greedy requests join a running sampled batch (`joining`): with a fixed schedule (its sampled
         program runs the greedy one's call shapes) one batch measured 1.04-1.43x the throughput of two; with the
-        adaptive one under shared noise (free choices at the full width) 1.14-1.46x on SmolLM2. Not under the
-        rejection sampler, whose adaptive sampled program is narrow (NARROW) and prices its rows per request: one
-        batch ran 0.90x the throughput of two on the 4M model (RESULTS.md, "The greedy rows of a sampled ...")."""
+        adaptive one under shared noise 1.14-1.46x on SmolLM2. Not under the rejection sampler, whose adaptive
+        sampled program is narrow and prices its rows per request: one batch ran 0.90x the throughput of two on the
+        4M model (bench/RESULTS.md, "The greedy rows of a sampled adaptive batch choose freely")."""
         return self.schedule_name != ADAPTIVE or self.sampler == "gumbel"
 
     def _build(self, width: int, sampled: bool, epilogue: str):

@@ -214,20 +214,21 @@ PYBIND11_MODULE(_epilogue, m) {
   m.def("philox_uniform", &philox_uniform, "u[i] of packed_ss.sampling.philox_uniform(seed, offset, n)");
   m.def("noise_uniform", &noise_uniform, "u of token x in the row (seed, position): sampling.exponential_noise's");
   m.def(
-      "race_cpu",
-      [](uintptr_t seed, uintptr_t position, int64_t n_rows, int64_t rows_per_seed, uintptr_t prob, int32_t prob_bits,
-         uintptr_t idx, int64_t k, uintptr_t tokens, int64_t threads) {
+      "sample_cpu",
+      [](bool inverse_cdf, uintptr_t seed, uintptr_t position, int64_t n_rows, int64_t rows_per_seed, uintptr_t prob,
+         int32_t prob_bits, uintptr_t idx, int64_t k, uintptr_t tokens, int64_t threads) {
+        const Coupling coupling = inverse_cdf ? Coupling::kInverseCdf : Coupling::kRace;
         const auto* s = as_ptr<const int64_t>(seed);
         const auto* at = as_ptr<const int64_t>(position);
         if (prob_bits == 32)
-          race_cpu(s, at, n_rows, rows_per_seed, as_ptr<const float>(prob), as_ptr<const int64_t>(idx), k,
-                   as_ptr<int64_t>(tokens), threads);
+          sample_cpu(coupling, s, at, n_rows, rows_per_seed, as_ptr<const float>(prob), as_ptr<const int64_t>(idx), k,
+                     as_ptr<int64_t>(tokens), threads);
         else
-          race_cpu(s, at, n_rows, rows_per_seed, as_ptr<const double>(prob), as_ptr<const int64_t>(idx), k,
-                   as_ptr<int64_t>(tokens), threads);
+          sample_cpu(coupling, s, at, n_rows, rows_per_seed, as_ptr<const double>(prob), as_ptr<const int64_t>(idx), k,
+                     as_ptr<int64_t>(tokens), threads);
       },
       "tokens[r] = the shared-noise sample of row r of prob [n_rows, k] (idx [n_rows, k] or 0: dense), keyed by "
-      "(seed[r / rows_per_seed], position[r]), on up to `threads` threads (noise.h)");
+      "(seed[r / rows_per_seed], position[r]), by the inverse CDF or the race, on up to `threads` threads (noise.h)");
 #ifdef PSS_WITH_CUDA
   def_step(
       m, "step_cuda",
@@ -252,7 +253,7 @@ PYBIND11_MODULE(_epilogue, m) {
                                  k, as_ptr<int64_t>(tokens), reinterpret_cast<void*>(stream), err, sizeof(err));
         if (rc != 0) throw std::runtime_error(std::string("packed_ss CUDA shared-noise race: ") + err);
       },
-      "race_cpu on the device, on `stream` (noise.cu)");
+      "sample_cpu's race on the device, on `stream` (noise.cu)");
   m.def("cuda_device_count", []() {
     char err[256] = {0};
     const int n = cuda_device_count(err, sizeof(err));

@@ -1,13 +1,18 @@
-// Shared-noise sampling (packed_ss/decode/shared_noise.py): the exponential race form of Gumbel-max. A row's
-// sample is the token x of largest p(x) / E(seed, position, x), E = -log(u) standard exponential noise, with
-// the uniform u of packed_ss.decode.sampling.exponential_noise bit for bit: token x takes words 2 (x % 2),
+// Shared-noise sampling (packed_ss/decode/shared_noise.py), both couplings. The exponential race (Gumbel-max):
+// a row's sample is the token x of largest p(x) / E(seed, position, x), E = -log(u) standard exponential noise,
+// with the uniform u of packed_ss.decode.sampling.exponential_noise bit for bit: token x takes words 2 (x % 2),
 // 2 (x % 2) + 1 of the Philox4x32-10 block at counter (x / 2, position lo, position hi, kNoiseStream), key
-// (seed lo, seed hi), 53 bits in (0, 1). Rows are independent: the CPU loop below runs them in parts on a few
-// threads (OpenMP), the CUDA kernel (noise.cu) one thread block per row.
+// (seed lo, seed hi), 53 bits in (0, 1). The inverse CDF: the token where the cumulative p in token order first
+// exceeds u times its total, u = philox_uniform(seed, position, 0), with Serial::inverse_cdf's arithmetic (the
+// rejection rule's AR draw). Rows are independent: the CPU loop below runs them in parts on a few threads
+// (OpenMP), the CUDA kernel (noise.cu) the race, one thread block per row.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
+#include <vector>
 
 #include "epilogue.h"
 
@@ -107,36 +112,97 @@ int64_t race_dense_cpu(int64_t seed, int64_t position, const T* prob, int64_t k)
   return won;
 }
 
+// The sum of w[0..n) in double, on 8 lanes (which the compiler vectorises where one serial sum cannot).
+template <typename T>
+double lane_sum(const T* w, int64_t n) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) lane[l] += static_cast<double>(w[i + l]);
+  double sum = 0.0;
+  for (; i < n; ++i) sum += static_cast<double>(w[i]);
+  for (int l = 0; l < 8; ++l) sum += lane[l];
+  return sum;
+}
+
+// The inverse-CDF entry of a dense row w[0..n) for u: Serial::inverse_cdf's draw (the prefix sums in double, each
+// rounded to T, the first above T(u) * total; clamped to the last positive entry), found a chunk at a time: a
+// chunk whose sum leaves the prefix at or below the target is passed whole, and the chunk that crosses it is
+// summed serially. The sums in lanes may differ from the serial ones in their last bits, so a prefix within a
+// rounding of the target may fall on the other side.
+template <typename T>
+int64_t cdf_dense_cpu(double u, const T* w, int64_t n) {
+  constexpr int64_t kChunk = 1024;
+  const T target = static_cast<T>(u) * static_cast<T>(lane_sum(w, n));
+  double prefix = 0.0;
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t m = imin(kChunk, n - c);
+    const double chunk = lane_sum(w + c, m);
+    if (!(static_cast<T>(prefix + chunk) > target)) {
+      prefix += chunk;
+      continue;
+    }
+    for (int64_t i = c; i < c + m; ++i) {
+      prefix += static_cast<double>(w[i]);
+      if (static_cast<T>(prefix) > target) return i;
+    }
+  }
+  for (int64_t i = n - 1; i > 0; --i)
+    if (w[i] > T(0)) return i;
+  return 0;
+}
+
+// The inverse-CDF entry of a sparse row (prob, idx)[0..k) for u: its entries in token order, then
+// Serial::inverse_cdf (the draw of the row made dense).
+template <typename T>
+int64_t cdf_sparse_cpu(double u, const T* prob, const int64_t* idx, int64_t k) {
+  std::vector<int64_t> order(k);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::sort(order.begin(), order.end(), [idx](int64_t a, int64_t b) { return idx[a] < idx[b]; });
+  std::vector<T> w(k);
+  for (int64_t j = 0; j < k; ++j) w[j] = prob[order[j]];
+  return order[Serial::inverse_cdf(w.data(), k, u, static_cast<bool*>(nullptr))];
+}
+
+enum class Coupling { kRace, kInverseCdf };
+
 // tokens[r] = the shared-noise sample of row r (prob [n_rows, k], idx [n_rows, k] or null), keyed by
 // (seed[r / rows_per_seed], position[r]), for rows begin <= r < end.
 template <typename T>
-void race_rows_cpu(const int64_t* seed, const int64_t* position, int64_t begin, int64_t end, int64_t rows_per_seed,
-                   const T* prob, const int64_t* idx, int64_t k, int64_t* tokens) {
+void sample_rows_cpu(Coupling coupling, const int64_t* seed, const int64_t* position, int64_t begin, int64_t end,
+                     int64_t rows_per_seed, const T* prob, const int64_t* idx, int64_t k, int64_t* tokens) {
   for (int64_t r = begin; r < end; ++r) {
-    double best = 0.0;
     const int64_t key = seed[r / rows_per_seed];
+    const T* row = prob + r * k;
     const int64_t* row_idx = idx ? idx + r * k : nullptr;
-    const int64_t j = row_idx ? race_entry(key, position[r], prob + r * k, row_idx, 0, k, 1, &best)
-                              : race_dense_cpu(key, position[r], prob + r * k, k);
-    const int64_t e = j < 0 ? 0 : j;
-    tokens[r] = row_idx ? row_idx[e] : e;
+    int64_t j;
+    if (coupling == Coupling::kInverseCdf) {
+      const double u = philox_uniform(key, position[r], 0);
+      j = row_idx ? cdf_sparse_cpu(u, row, row_idx, k) : cdf_dense_cpu(u, row, k);
+    } else {
+      double best = 0.0;
+      j = row_idx ? race_entry(key, position[r], row, row_idx, 0, k, 1, &best) : race_dense_cpu(key, position[r], row, k);
+      j = j < 0 ? 0 : j;
+    }
+    tokens[r] = row_idx ? row_idx[j] : j;
   }
 }
 
-constexpr int64_t kRaceEntriesPerThread = 1 << 16;  // a thread of the CPU race takes at least this many entries
+constexpr int64_t kEntriesPerThread = 1 << 16;  // a thread of the CPU draw takes at least this many entries
 
-// race_rows_cpu over every row, split into contiguous parts on up to `threads` threads (the caller's, torch's
+// sample_rows_cpu over every row, split into contiguous parts on up to `threads` threads (the caller's, torch's
 // intra-op count) when the rows hold enough entries to pay for them. The parts run on OpenMP's threads: the
-// module links libgomp.so.1, which resolves to the copy torch loaded, so the race reuses torch's intra-op
+// module links libgomp.so.1, which resolves to the copy torch loaded, so the draw reuses torch's intra-op
 // threads rather than racing them for the cores (threads of its own ran 2.7x as long as alone, between torch
 // ops). Rows are independent: the same tokens whatever the split.
 template <typename T>
-void race_cpu(const int64_t* seed, const int64_t* position, int64_t n_rows, int64_t rows_per_seed, const T* prob,
-              const int64_t* idx, int64_t k, int64_t* tokens, int64_t threads) {
-  const int64_t parts = imax(1, imin(imin(threads, n_rows), n_rows * k / kRaceEntriesPerThread));
+void sample_cpu(Coupling coupling, const int64_t* seed, const int64_t* position, int64_t n_rows, int64_t rows_per_seed,
+                const T* prob, const int64_t* idx, int64_t k, int64_t* tokens, int64_t threads) {
+  const int64_t parts = imax(1, imin(imin(threads, n_rows), n_rows * k / kEntriesPerThread));
 #pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
   for (int64_t t = 0; t < parts; ++t)
-    race_rows_cpu(seed, position, n_rows * t / parts, n_rows * (t + 1) / parts, rows_per_seed, prob, idx, k, tokens);
+    sample_rows_cpu(coupling, seed, position, n_rows * t / parts, n_rows * (t + 1) / parts, rows_per_seed, prob, idx,
+                    k, tokens);
 }
 
 #endif  // !defined(__CUDACC__)

@@ -113,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sample only from the smallest set of tokens with this much probability, in (0, 1]")
     gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
     gen.add_argument("--sampler", choices=SAMPLERS, default=None,
-                     help="how sampled drafts are verified (both exact): 'rejection' (paper Alg. 2) or 'gumbel' "
-                          "(shared noise: the same text for a seed under every schedule and width); default "
+                     help="how sampled drafts are verified (all exact): 'rejection' (paper Alg. 2), or shared "
+                          "noise, 'gumbel' or 'inverse-cdf' (the same text for a seed under every schedule and width; "
+                          "inverse-cdf: the text of AR under rejection); default: the model's profile's, else "
                           "rejection")
     gen.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
                      help="model dtype; auto (default): the checkpoint's on CUDA, on a CPU the faster of float32 "

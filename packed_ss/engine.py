@@ -15,7 +15,7 @@ from .decode.lookup import drafts_by_lookup
 from .decode.policy import COST_BATCH, NARROW, Policy, shapes_for
 from .decode.sampling import SamplingParams
 from .decode.registry import schedules
-from .decode.shared_noise import SharedNoise
+from .decode.shared_noise import DRAWS, SharedNoise
 from .model.attention import attention_backend
 from .model.dual_mode import PAGE_SIZE, DualModeModel
 from .runtime import GenerateResult, Request, Runtime
@@ -36,7 +36,7 @@ PROBE_PROMPT = 16      # prompt tokens of the requests that time the step for wi
 
 # An adaptive sampled program (one serves every setting) is priced truncated, with its dearer logits processing:
 PRICED = SamplingParams(temperature=1.0, top_p=0.95)
-SAMPLERS = ("rejection", "gumbel")
+SAMPLERS = ("rejection",) + tuple(DRAWS)   # DRAWS: the shared-noise couplings
 DEFAULT_SAMPLER = "rejection"
 ADAPTIVE = "adaptive"
 _shape_costs: dict[tuple, list[tuple]] = {}    # per process: Engine._shape_costs
@@ -70,14 +70,14 @@ class Engine:
         `engine.width` is the width in use, `engine.width_source` where it came from ("measured now", "remembered
         from <time>", a fixed default): a measured choice is stored per machine, install, model and setting
         (width.py, PACKED_SS_CACHE_DIR), so the same arguments and seed give the same tokens in every process.
-        `sampler`: how a sampled request (temperature > 0) verifies drafts; both give the AR distribution
-        exactly (default: the one the drafter's acceptance profile names, measured on that model, else
-        DEFAULT_SAMPLER, by measurement on the shipped model: bench/RESULTS.md, "Adaptive"). "rejection": the paper's
-        Alg. 2 (accept d with probability min(1, p(d)/q(d)), the residual
-        draw at a rejection; each draft's distribution is stored). "gumbel": shared noise (decode/shared_noise.py):
-        target and drafter sample by Gumbel-max with noise keyed by (seed, output position, token), so a
-        seeded request returns the same tokens under every schedule, width and batch (those of
-        schedule="ar"), nothing is stored, and verification is the greedy comparison.
+        `sampler`: how a sampled request (temperature > 0) verifies drafts; all give the AR distribution exactly
+        (default: the one the drafter's acceptance profile names, measured on that model, else DEFAULT_SAMPLER, by
+        measurement on the shipped model: bench/RESULTS.md, "Adaptive"). "rejection": the paper's Alg. 2 (accept d
+        with probability min(1, p(d)/q(d)), the residual draw at a rejection; each draft's distribution is stored).
+        "gumbel" and "inverse-cdf": shared noise (decode/shared_noise.py): target and drafter draw with noise keyed
+        by the seed and output position, by Gumbel-max or by the inverse CDF in token order (the rejection rule's
+        AR draw: its text), so a seeded request returns the same tokens under every schedule, width and batch
+        (those of schedule="ar"), nothing is stored, and verification is the greedy comparison.
         `compile`: wrap each decode step in torch.compile(fullgraph=True) (True: inductor, or a torch.compile
         backend name); with `cuda_graph` too, the compiled steps are what the graph captures. `max_seq_len` caps
         prompt + new tokens (default: the model's). `prefill_chunk`: the most prompt tokens one call prefills; a
@@ -215,7 +215,7 @@ class Engine:
         (each request's are rows of its batch state), so that sampled requests share a batch."""
         sampled = not params.greedy
         if sampled not in self._programs:
-            free = not sampled or self.sampler == "gumbel"       # the adaptive schedule's choice is free
+            free = not sampled or self.sampler in DRAWS       # the adaptive schedule's choice is free
             width = self.width if self.schedule_name != ADAPTIVE or free else min(self.width, NARROW)
             self._programs[sampled] = self._build(width, sampled, self.epilogue)
         return self._programs[sampled]
@@ -237,12 +237,12 @@ class Engine:
         adaptive one under shared noise 1.14-1.46x on SmolLM2. Not under the rejection sampler, whose adaptive
         sampled program is narrow and prices its rows per request: one batch ran 0.90x the throughput of two on the
         4M model (bench/RESULTS.md, "The greedy rows of a sampled adaptive batch choose freely")."""
-        return self.schedule_name != ADAPTIVE or self.sampler == "gumbel"
+        return self.schedule_name != ADAPTIVE or self.sampler in DRAWS
 
     def _build(self, width: int, sampled: bool, epilogue: str):
         """The greedy or the sampled program; under the shared-noise sampler the sampled one is the greedy program
         on perturbed scores."""
-        shared = self.sampler == "gumbel" and sampled
+        shared = self.sampler in DRAWS and sampled
         verifies_sampled = sampled and not shared
         ending = make_epilogue(epilogue, self.model.device, width, verifies_sampled)
         if self.any_order:
@@ -252,7 +252,7 @@ class Engine:
             program = schedules()[ADAPTIVE](self.model, width, verifies_sampled, ending, self.drafts, policy=policy)
         else:
             program = schedules()[self.schedule_name](self.model, width, verifies_sampled, ending, self.drafts)
-        built = SharedNoise(program) if shared else program
+        built = SharedNoise(program, self.sampler) if shared else program
         if self.schedule_name == ADAPTIVE:      # what its iterations cost, noise included
             costs = self._shape_costs(built, width, sampled, epilogue)
             program.policy = program.policy.measured(costs, per_request=verifies_sampled)

@@ -1,8 +1,9 @@
-"""The shared-noise sampler (sampler="gumbel", packed_ss/decode/shared_noise.py): with a seed, every schedule,
-width, batch, epilogue and runner returns exactly the tokens of schedule="ar" (token identity, not only the same
-law), any-order LTR decoding its own AR's; the AR sampler itself follows the model's distribution (G-tests of
-the first token and of the first two and three tokens, tests/sampling_law.py), and noise reused across
-positions is flagged."""
+"""The shared-noise samplers (sampler="gumbel" and "inverse-cdf", packed_ss/decode/shared_noise.py): with a seed,
+every schedule, width, batch, epilogue and runner returns exactly the tokens of schedule="ar" (token identity, not
+only the same law), any-order LTR decoding its own AR's, and under "inverse-cdf" those of the rejection sampler's
+AR; the AR sampler itself follows the model's distribution (G-tests of the first token and of the first two and
+three tokens, tests/sampling_law.py), and noise reused across positions is flagged. The native draws pick the
+torch references' tokens, and a prefill draws only the rows that predict output tokens."""
 import functools
 
 import pytest
@@ -11,19 +12,21 @@ from sampling_law import ALPHA, N, POWER, PROMPT, T1, TOP_K, TOP_P, ar_checkpoin
 from tiny_models import checkpoint
 
 import packed_ss
+from packed_ss import host
+from packed_ss.model.attention import Layout
+from packed_ss.runtime import ModelInput, Request
 from packed_ss.runtime.executor import Graphs
 import packed_ss.decode.shared_noise as shared_noise
 from packed_ss.decode.epilogue import native_available, native_module
-from packed_ss.decode.epilogue.operator import noise_race
 from packed_ss.decode import sampling
 from packed_ss.decode.sampling import Sampling, SamplingParams, exponential_noise, truncated_probs
-from packed_ss.runtime import Request
 
 PROMPTS = [[3, 17, 42, 8, 9], list(range(1, 20)), [60, 3], [11, 11, 40, 7, 7, 90, 1, 4], [5], [9, 9, 9],
            [70, 2, 33, 1], list(range(40, 52))]
 SETTINGS = {"T=1": dict(temperature=1.0), "T=0.5": dict(temperature=0.5),
             "T=0.8,k=10": dict(temperature=0.8, top_k=10), "T=1.2,p=0.9": dict(temperature=1.2, top_p=0.9)}
 MAX_NEW = 30
+SHARED = tuple(shared_noise.DRAWS)      # the shared-noise couplings: "gumbel", "inverse-cdf"
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +35,8 @@ def model():
 
 
 @functools.lru_cache(maxsize=None)
-def ar_sample(model, setting: str, prompt: tuple, seed: int, max_new: int = MAX_NEW) -> list[int]:
-    engine = packed_ss.Engine(model, schedule="ar", sampler="gumbel")
+def ar_sample(model, sampler: str, setting: str, prompt: tuple, seed: int, max_new: int = MAX_NEW) -> list[int]:
+    engine = packed_ss.Engine(model, schedule="ar", sampler=sampler)
     return engine.generate(list(prompt), max_new_tokens=max_new, eos_token_id=[], seed=seed,
                            **SETTINGS[setting]).tokens
 
@@ -42,24 +45,28 @@ def ar_sample(model, setting: str, prompt: tuple, seed: int, max_new: int = MAX_
 @pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("width", [1, 2, 3, 8])
 @pytest.mark.parametrize("schedule", ["linear", "quadratic", "packed"])
-def test_every_schedule_returns_the_ar_sample(model, schedule, width, setting, epilogue):
+@pytest.mark.parametrize("sampler", SHARED)
+def test_every_schedule_returns_the_ar_sample(model, sampler, schedule, width, setting, epilogue):
     if epilogue == "native" and not native_available(model.device):
         pytest.skip("the native epilogue is not built")
-    engine = packed_ss.Engine(model, schedule=schedule, width=width, sampler="gumbel", epilogue=epilogue)
+    engine = packed_ss.Engine(model, schedule=schedule, width=width, sampler=sampler, epilogue=epilogue)
+    accepted = 0
     for seed, prompt in enumerate(PROMPTS[:2]):
         got = engine.generate(prompt, max_new_tokens=MAX_NEW, eos_token_id=[], seed=seed, **SETTINGS[setting])
-        assert got.tokens == ar_sample(model, setting, tuple(prompt), seed)
-        assert got.n_accepted > 0 or width == 1   # drafts were accepted: the identity is not AR's own path
+        assert got.tokens == ar_sample(model, sampler, setting, tuple(prompt), seed)
+        accepted += got.n_accepted
+    assert accepted > 0 or width == 1   # drafts were accepted: the identity is not AR's own path
 
 
 @pytest.mark.parametrize("setting", ["T=1", "T=0.8,k=10"])
 @pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
-def test_batched_ragged_requests_return_their_ar_samples(model, schedule, setting):
+@pytest.mark.parametrize("sampler", SHARED)
+def test_batched_ragged_requests_return_their_ar_samples(model, sampler, schedule, setting):
     """Eight ragged prompts with their own lengths and seeds, decoded 8 and 3 at a time: the noise is keyed by
     the request's seed and output position, never by its slot."""
-    engine = packed_ss.Engine(model, schedule=schedule, width=3, sampler="gumbel")
+    engine = packed_ss.Engine(model, schedule=schedule, width=3, sampler=sampler)
     lengths = [MAX_NEW - 2 * i for i in range(len(PROMPTS))]
-    want = [ar_sample(model, setting, tuple(p), 10 + i, n) for i, (p, n) in enumerate(zip(PROMPTS, lengths))]
+    want = [ar_sample(model, sampler, setting, tuple(p), 10 + i, n) for i, (p, n) in enumerate(zip(PROMPTS, lengths))]
     for batch_size in (8, 3):
         got = engine.generate_batch(PROMPTS, max_new_tokens=lengths, eos_token_id=[], seed=10,
                                     batch_size=batch_size, **SETTINGS[setting])
@@ -67,37 +74,41 @@ def test_batched_ragged_requests_return_their_ar_samples(model, schedule, settin
 
 
 @pytest.mark.parametrize("mode", ["compile", "graph"])
-def test_compiled_and_graph_runners_return_the_ar_sample(model, eager_graphs, mode):
+@pytest.mark.parametrize("sampler", SHARED)
+def test_compiled_and_graph_runners_return_the_ar_sample(model, eager_graphs, sampler, mode):
     """Compiled steps (aot_eager for inductor) and the CUDA-graph loop (CPU stand-ins for the capture)."""
-    engine = packed_ss.Engine(model, schedule="packed", width=3, sampler="gumbel", compile="aot_eager")
+    engine = packed_ss.Engine(model, schedule="packed", width=3, sampler=sampler, compile="aot_eager")
     if mode == "graph":
         engine.runtime.executor = Graphs(engine.runtime.executor.compile_backend)
     got = engine.generate_batch(PROMPTS[:3], max_new_tokens=MAX_NEW, eos_token_id=[], seed=[0, 1, 2],
                                 **SETTINGS["T=1.2,p=0.9"])
-    assert [r.tokens for r in got] == [ar_sample(model, "T=1.2,p=0.9", tuple(p), i) for i, p in enumerate(PROMPTS[:3])]
+    want = [ar_sample(model, sampler, "T=1.2,p=0.9", tuple(p), i) for i, p in enumerate(PROMPTS[:3])]
+    assert [r.tokens for r in got] == want
     assert engine.runtime.executor.compiled and (mode == "compile" or eager_graphs)
 
 
 @pytest.mark.parametrize("adapter", [None, "drafter"])
-def test_the_shipped_model_with_and_without_its_drafting_adapter(adapter):
+@pytest.mark.parametrize("sampler", SHARED)
+def test_the_shipped_model_with_and_without_its_drafting_adapter(sampler, adapter):
     path = packed_ss.default_model_path("default")
     model = packed_ss.load_model(path, dtype=torch.float32, draft_adapter=adapter and path / adapter)
     prompt = packed_ss.load_tokenizer(path).encode("def fibonacci(n):").ids
     kwargs = dict(max_new_tokens=40, eos_token_id=[], temperature=0.7, top_p=0.95, seed=3)
-    want = packed_ss.Engine(model, schedule="ar", sampler="gumbel").generate(prompt, **kwargs).tokens
+    want = packed_ss.Engine(model, schedule="ar", sampler=sampler).generate(prompt, **kwargs).tokens
     for width in (3, 8):
-        got = packed_ss.Engine(model, schedule="packed", width=width, sampler="gumbel").generate(prompt, **kwargs)
+        got = packed_ss.Engine(model, schedule="packed", width=width, sampler=sampler).generate(prompt, **kwargs)
         assert got.tokens == want and got.n_accepted > 0
 
 
 @pytest.mark.parametrize("schedule", ["linear", "quadratic", "packed"])
-def test_any_order_ltr_returns_its_ar_sample(schedule):
+@pytest.mark.parametrize("sampler", SHARED)
+def test_any_order_ltr_returns_its_ar_sample(sampler, schedule):
     model = packed_ss.load_model(checkpoint("qwen3-qknorm", any_order=True), dtype=torch.float32)
     kwargs = dict(max_new_tokens=MAX_NEW, eos_token_id=[], temperature=1.0, top_k=20)
     for seed, prompt in enumerate(PROMPTS[:2]):
-        want = packed_ss.Engine(model, schedule="ar", sampler="gumbel").generate(prompt, seed=seed, **kwargs).tokens
+        want = packed_ss.Engine(model, schedule="ar", sampler=sampler).generate(prompt, seed=seed, **kwargs).tokens
         for width in (1, 3, 8):
-            engine = packed_ss.Engine(model, schedule=schedule, width=width, sampler="gumbel")
+            engine = packed_ss.Engine(model, schedule=schedule, width=width, sampler=sampler)
             assert engine.generate(prompt, seed=seed, **kwargs).tokens == want
 
 
@@ -105,21 +116,67 @@ def test_no_draft_distribution_is_stored(model):
     """Under the shared-noise rule a sampled program is the greedy one: its state keeps one Q entry per draft
     slot (the rejection rule's keeps the whole truncated support)."""
     params = SamplingParams(temperature=1.0)
-    for sampler, support in (("gumbel", 1), ("rejection", model.cfg.vocab_size)):
+    for sampler, support in (("gumbel", 1), ("inverse-cdf", 1), ("rejection", model.cfg.vocab_size)):
         program = packed_ss.Engine(model, schedule="packed", width=8, sampler=sampler).program(params)
         state = program.new_state(Request([1, 2], 8, 0, [], [], params))
         assert state.q_prob.shape == (1, 8, support)
 
 
 def test_sampler_is_checked(model):
-    with pytest.raises(ValueError, match=r"sampler must be one of \('rejection', 'gumbel'\), got 'gumbl'"):
+    with pytest.raises(ValueError, match=r"sampler must be one of \('rejection', 'gumbel', 'inverse-cdf'\), got 'gumbl'"):
         packed_ss.Engine(model, width=3, sampler="gumbl")
 
 
+@pytest.mark.parametrize("epilogue", ["torch", "native"])
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("schedule", ["ar", "packed", "adaptive"])
+def test_the_inverse_cdf_sampler_writes_the_text_of_the_rejection_samplers_ar(model, schedule, setting, epilogue):
+    """Its draw at output position j is the rejection rule's AR draw (the inverse CDF of the truncated p_j in token
+    order at u = philox_uniform(seed, j)[0]): a seeded request writes that text under every schedule, and batched."""
+    if epilogue == "native" and not native_available(model.device):
+        pytest.skip("the native epilogue is not built")
+    kwargs = dict(max_new_tokens=MAX_NEW, eos_token_id=[], seed=5, **SETTINGS[setting])
+    want = [r.tokens for r in packed_ss.Engine(model, schedule="ar", sampler="rejection", epilogue=epilogue)
+            .generate_batch(PROMPTS[:4], batch_size=1, **kwargs)]
+    engine = packed_ss.Engine(model, schedule=schedule, width=3, sampler="inverse-cdf", epilogue=epilogue)
+    got = engine.generate_batch(PROMPTS[:4], **kwargs)
+    assert [r.tokens for r in got] == want
+    assert sum(r.n_accepted for r in got) > 0 or schedule != "packed"    # the adaptive one may not speculate here
+
+
+@pytest.mark.parametrize("sampler", SHARED)
+def test_a_prefill_draws_only_the_rows_that_predict_output_tokens(sampler, monkeypatch):
+    """A prefill of prompts of 5 and 3 tokens, then 4 mask rows each: a prompt's anchors but its last predict
+    prompt tokens, which no step reads. On the host they are not drawn (4 target rows of 10: request 0's last
+    anchor, request 1's last and its 2 padding anchors; the 8 drafting rows), and every row that is drawn scores
+    what the device path, which draws every row, scores."""
+    torch.manual_seed(0)
+    n, masks, vocab = 5, 4, 50
+    prompt_len = torch.tensor([5, 3])
+    positions = torch.cat([torch.arange(n).expand(2, -1), prompt_len[:, None] + torch.arange(masks)], 1)
+    layout = Layout(n, torch.tensor([0] * n + [1] * masks), torch.zeros(n + masks, dtype=torch.int64), n)
+    inp = ModelInput(torch.zeros_like(positions), positions, layout, torch.zeros(2, dtype=torch.int64))
+    logits, seed = torch.randn(2, n + masks, vocab) * 2, torch.tensor([7, 8])
+    settings = SamplingParams(0.9, top_p=0.95).rows(2)
+    reference = shared_noise.DRAWS[sampler][0]
+    drawn = []
+
+    def counted(seed, position, prob, idx):
+        drawn.append(prob.shape[0] * prob.shape[1])
+        return reference(seed, position, prob, idx)
+    on_host = shared_noise.perturbed_scores(logits, inp, seed, prompt_len, settings, counted)
+    assert drawn == [4, 8]
+    monkeypatch.setattr(host, "reads_are_free", lambda t: False)
+    on_device = shared_noise.perturbed_scores(logits, inp, seed, prompt_len, settings, counted)
+    assert drawn[2:] == [10, 8]
+    read = torch.tensor([[False] * 4 + [True] * 5, [False, False] + [True] * 7])
+    assert torch.equal(on_host.argmax(-1)[read], on_device.argmax(-1)[read])
+
+
 # -- the AR sampler follows the model's own law ------------------------------------------------------------------
-def ar_draws(params: SamplingParams, length: int, epilogue: str) -> list[tuple]:
+def ar_draws(params: SamplingParams, length: int, epilogue: str, sampler: str) -> list[tuple]:
     engine = packed_ss.Engine(packed_ss.load_model(ar_checkpoint(), dtype=torch.float64), schedule="ar",
-                              sampler="gumbel", epilogue=epilogue)
+                              sampler=sampler, epilogue=epilogue)
     return [tuple(engine.generate(PROMPT, max_new_tokens=length, temperature=params.temperature, top_k=params.top_k,
                                   top_p=params.top_p, seed=seed, eos_token_id=[]).tokens) for seed in range(N)]
 
@@ -133,12 +190,13 @@ def marginal(law: dict[tuple, float], length: int) -> dict[tuple, float]:
 
 @pytest.mark.parametrize("epilogue", ["torch", "native"])
 @pytest.mark.parametrize("params", [T1, TOP_K, TOP_P], ids=["T1", "top-k", "top-p"])
-def test_ar_shared_noise_sampler_follows_the_model(params, epilogue):
+@pytest.mark.parametrize("sampler", SHARED)
+def test_ar_shared_noise_sampler_follows_the_model(sampler, params, epilogue):
     """The first token, the first two and the first three tokens of N seeded AR samples against the exact law
     (5-token vocabulary: 5, 25 and 125 outcomes), with the torch and the native noise."""
     if epilogue == "native" and not native_available(torch.device("cpu")):
         pytest.skip("the native module is not built")
-    samples = ar_draws(params, 3, epilogue)
+    samples = ar_draws(params, 3, epilogue, sampler)
     law = ar_law(ar_checkpoint(), params, 3)
     for length in (1, 2, 3):
         p = g_test_pvalue([s[:length] for s in samples], marginal(law, length))
@@ -146,12 +204,14 @@ def test_ar_shared_noise_sampler_follows_the_model(params, epilogue):
         assert p > ALPHA
 
 
-def test_noise_reused_across_positions_is_flagged(monkeypatch):
+@pytest.mark.parametrize("sampler", SHARED)
+def test_noise_reused_across_positions_is_flagged(monkeypatch, sampler):
     """Broken: every output position gets position 0's noise. The first token stays right; the pair of the
-    first two is flagged (measured p ~ 1e-130)."""
-    race = shared_noise.torch_race
-    monkeypatch.setattr(shared_noise, "torch_race", lambda seed, position, prob, idx: race(seed, position * 0, prob, idx))
-    samples = ar_draws(T1, 2, "torch")
+    first two is flagged (measured p ~ 1e-130 under "gumbel")."""
+    draw, native = shared_noise.DRAWS[sampler]
+    broken = lambda seed, position, prob, idx: draw(seed, position * 0, prob, idx)   # noqa: E731
+    monkeypatch.setitem(shared_noise.DRAWS, sampler, (broken, native))
+    samples = ar_draws(T1, 2, "torch", sampler)
     law = ar_law(ar_checkpoint(), T1, 2)
     assert g_test_pvalue([s[:1] for s in samples], marginal(law, 1)) > ALPHA
     p = g_test_pvalue(samples, law)
@@ -162,17 +222,19 @@ def test_noise_reused_across_positions_is_flagged(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=20), SamplingParams(1.0, top_p=0.9)],
                          ids=["dense", "top-k", "top-p"])
-def test_native_race_equals_the_torch_race(params, dtype):
-    """The native race (csrc/noise.h, with its pruning and its chunked dense loop, which skips chunks of zeros)
-    picks the torch reference's token in every row: vocabularies of odd and even sizes around its chunk, kept
-    tokens in a few chunks only, keys with high bits, float32 and float64 probabilities; its uniforms are the
-    reference's bit for bit."""
+@pytest.mark.parametrize("sampler", SHARED)
+def test_native_draws_equal_the_torch_draws(sampler, params, dtype):
+    """The native draws (csrc/noise.h: the race with its pruning and its chunked dense loop, which skips chunks of
+    zeros; the inverse CDF with its chunked sums) pick the torch reference's token in every row: vocabularies of
+    odd and even sizes around their chunks, kept tokens in a few chunks only, keys with high bits, float32 and
+    float64 probabilities; the race's uniforms are the reference's bit for bit."""
     if not native_available(torch.device("cpu")):
         pytest.skip("the native module is not built")
+    reference, native = shared_noise.DRAWS[sampler]
     gen = torch.Generator().manual_seed(0)
     seed, position = torch.tensor([3, 2**40 + 7]), torch.tensor([[0, 1, 2, 5000, 6], [7, 8, 9, 2**33, 10]])
     truncates = params.top_k is not None or params.top_p is not None
-    for vocab in (1, 2, 97, 511, 512, 513, 4096, 4095):
+    for vocab in (1, 2, 97, 511, 512, 513, 1023, 1025, 4096, 4095):
         for scale in (0.1, 3.0):
             logits = (torch.randn(2, 5, vocab, generator=gen) * scale).to(dtype)
             prob = truncated_probs(logits, params.rows(2))          # dense, zeros outside the kept tokens
@@ -182,32 +244,34 @@ def test_native_race_equals_the_torch_race(params, dtype):
                 support = min(params.top_k or vocab, vocab)
                 races.append((top[..., :support].contiguous(), idx[..., :support].contiguous()))
             for p, idx in races:
-                assert torch.equal(noise_race(seed, position, p, idx), shared_noise.torch_race(seed, position, p, idx))
-    for kept in ([0, 3], [600, 1000], [4090, 4094], [511, 512], [4095]):    # every other chunk all zeros (skipped)
+                assert torch.equal(native(seed, position, p, idx), reference(seed, position, p, idx))
+    for kept in ([0, 3], [600, 1000], [4090, 4094], [511, 512], [1023, 1024], [4095]):   # other chunks all zeros
         prob = torch.zeros(2, 5, 4096, dtype=dtype)
         prob[..., kept] = torch.rand(2, 5, len(kept), generator=gen, dtype=dtype) + 0.1
-        assert torch.equal(noise_race(seed, position, prob, None), shared_noise.torch_race(seed, position, prob, None))
+        assert torch.equal(native(seed, position, prob, None), reference(seed, position, prob, None))
     tokens = torch.arange(9)
     want = torch.exp(-exponential_noise(torch.tensor(5), torch.tensor(2**33 + 1), tokens))
     assert [native_module().noise_uniform(5, 2**33 + 1, x) for x in range(9)] == pytest.approx(want.tolist(), rel=1e-15)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_the_native_race_splits_rows_over_threads(threads):
-    """Enough entries (5 x 7 rows of 8,192) for the CPU race to split its rows over torch's intra-op threads: every
-    split picks the torch reference's tokens."""
+@pytest.mark.parametrize("sampler", SHARED)
+def test_the_native_draws_split_rows_over_threads(sampler, threads):
+    """Enough entries (5 x 7 rows of 8,192) for the CPU draws to split their rows over torch's intra-op threads:
+    every split picks the torch reference's tokens."""
     if not native_available(torch.device("cpu")):
         pytest.skip("the native module is not built")
+    reference, native = shared_noise.DRAWS[sampler]
     gen = torch.Generator().manual_seed(1)
     prob = torch.softmax(torch.randn(5, 7, 8192, generator=gen, dtype=torch.float64), -1)
     seed, position = torch.arange(5) + 11, torch.arange(35).reshape(5, 7)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        tokens = noise_race(seed, position, prob, None)
+        tokens = native(seed, position, prob, None)
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(tokens, shared_noise.torch_race(seed, position, prob, None))
+    assert torch.equal(tokens, reference(seed, position, prob, None))
 
 
 def sorted_rule(prob: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine import SAMPLERS
 from ..model.loading import DTYPE_NAMES, dtype_said
 from ..model.sources import resolve_model
 from .spec import EngineSpec
@@ -26,8 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--schedule", default=None, help="decoding schedule (default: the engine's, adaptive)")
     p.add_argument("--width", type=_width, default="auto", help="draft width: auto (default) or an integer")
-    p.add_argument("--sampler", choices=("rejection", "gumbel"), default=None,
-                   help="how sampled drafts are verified (both exact; default rejection)")
+    p.add_argument("--sampler", choices=SAMPLERS, default=None,
+                   help="how sampled drafts are verified (all exact; default: the model's profile's, else rejection)")
     p.add_argument("--max-batch", type=int, default=64,
                    help="requests running at once at most (default 64); later ones wait in the engine's queue, in "
                         "order")

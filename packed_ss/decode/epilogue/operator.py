@@ -1,5 +1,5 @@
 """The native module as torch operators: `packed_ss::epilogue_step` (the native epilogue: how a compiled step
-calls it) and `packed_ss::noise_race` (shared-noise sampling's draw).
+calls it), `packed_ss::noise_race` and `packed_ss::noise_inverse_cdf` (shared-noise sampling's draws).
 
 torch.compile cannot trace a call on raw addresses, but it can call an operator: this one takes the state's
 tensors, the rows, the workspace and the result buffer, declares what it writes, and makes the native call
@@ -54,10 +54,8 @@ def _(*args) -> None:
     return None
 
 
-@torch.library.custom_op("packed_ss::noise_race", mutates_args=())
-def noise_race(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor, idx: Optional[torch.Tensor]) -> torch.Tensor:
-    """shared_noise.torch_race by the native module (csrc/noise.h): the shared-noise sample of every row of prob
-    [B, R, K] (float32 / float64; idx [B, R, K] int64, or None: dense), keyed by (seed [B], position [B, R])."""
+def _sample(inverse_cdf: bool, seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor,
+            idx: Optional[torch.Tensor]) -> torch.Tensor:
     mod = native_module()
     seed, position, prob = seed.contiguous(), position.contiguous(), prob.contiguous()
     idx = None if idx is None else idx.contiguous()
@@ -67,10 +65,29 @@ def noise_race(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor, i
     if tokens.is_cuda:
         mod.race_cuda(*args, torch.cuda.current_stream(tokens.device).cuda_stream)
     else:
-        mod.race_cpu(*args, torch.get_num_threads())
+        mod.sample_cpu(inverse_cdf, *args, torch.get_num_threads())
     return tokens
 
 
+@torch.library.custom_op("packed_ss::noise_race", mutates_args=())
+def noise_race(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor, idx: Optional[torch.Tensor]) -> torch.Tensor:
+    """shared_noise.torch_race by the native module (csrc/noise.h): the shared-noise sample of every row of prob
+    [B, R, K] (float32 / float64; idx [B, R, K] int64, or None: dense), keyed by (seed [B], position [B, R])."""
+    return _sample(False, seed, position, prob, idx)
+
+
+@torch.library.custom_op("packed_ss::noise_inverse_cdf", mutates_args=(), device_types="cpu")
+def noise_inverse_cdf(seed: torch.Tensor, position: torch.Tensor, prob: torch.Tensor,
+                      idx: Optional[torch.Tensor]) -> torch.Tensor:
+    """shared_noise.torch_inverse_cdf by the native module on the CPU (csrc/noise.h), rows as noise_race's."""
+    return _sample(True, seed, position, prob, idx)
+
+
 @noise_race.register_fake
+def _(seed, position, prob, idx):
+    return position.new_empty(position.shape)
+
+
+@noise_inverse_cdf.register_fake
 def _(seed, position, prob, idx):
     return position.new_empty(position.shape)

@@ -93,12 +93,13 @@ def test_switching_every_iteration_keeps_greedy_output(shipped, shapes_run, draf
 @pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.8, top_k=10),
                                      dict(temperature=1.2, top_p=0.9)], ids=["T1", "T0.8,k10", "T1.2,p0.9"])
 @pytest.mark.parametrize("policy", ["cycling", "default"])
-def test_sampled_request_returns_its_ar_sample(random_model, setting, policy):
+@pytest.mark.parametrize("sampler", ["gumbel", "inverse-cdf"])
+def test_sampled_request_returns_its_ar_sample(random_model, sampler, setting, policy):
     """Shared noise: the same tokens as schedule="ar" for a seed, alone and batched, however the shapes switch."""
     prompts = [[3, 17, 42, 8, 9], list(range(1, 20)), [9, 9, 9, 9, 9, 9], [60, 3]]
-    ar = packed_ss.Engine(random_model, schedule="ar", sampler="gumbel")
+    ar = packed_ss.Engine(random_model, schedule="ar", sampler=sampler)
     want = [ar.generate(p, 30, eos_token_id=[], seed=7 + i, **setting).tokens for i, p in enumerate(prompts)]
-    engine = packed_ss.Engine(random_model, width=4, sampler="gumbel")
+    engine = packed_ss.Engine(random_model, width=4, sampler=sampler)
     if policy == "cycling":
         cycling(engine)
     alone = [engine.generate(p, 30, eos_token_id=[], seed=7 + i, **setting).tokens for i, p in enumerate(prompts)]

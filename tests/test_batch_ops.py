@@ -93,16 +93,19 @@ def test_the_count_sees_a_per_request_step(model, monkeypatch):
 @pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
 def test_prompts_admitted_together_prefill_in_one_call(model, monkeypatch, schedule):
     """16 prompts of 16 lengths admitted together: one model call prefills them all (with one new token each,
-    nothing else runs), and every request gets its tokens alone."""
+    nothing else runs), and every request gets its tokens alone. The call returns the logits of the rows the
+    prefill reads alone: each prompt's last row and its W + 1 mask rows (none for AR)."""
     engine = packed_ss.Engine(model, schedule=schedule, width=3)
     prompts = [(PROMPT * 4)[:3 + i] for i in range(16)]
     alone = [engine.generate(p, max_new_tokens=1, eos_token_id=[]).tokens for p in prompts]
     calls, forward = [], loop.Runtime.forward
 
     def counted(self, inp, cache):
-        calls.append(tuple(inp.tokens.shape))
-        return forward(self, inp, cache)
+        logits = forward(self, inp, cache)
+        calls.append((tuple(inp.tokens.shape), tuple(logits.shape[:2])))
+        return logits
     monkeypatch.setattr(loop.Runtime, "forward", counted)
     got = [r.tokens for r in engine.generate_batch(prompts, max_new_tokens=1, eos_token_id=[])]
     assert got == alone
-    assert len(calls) == 1 and calls[0][0] == 16, calls
+    read = 1 if schedule == "ar" else 1 + 4
+    assert len(calls) == 1 and calls[0][0][0] == 16 and calls[0][1] == (16, read), calls

@@ -3,7 +3,7 @@ every schedule, width, batch, epilogue and runner returns exactly the tokens of 
 only the same law), any-order LTR decoding its own AR's, and under "inverse-cdf" those of the rejection sampler's
 AR; the AR sampler itself follows the model's distribution (G-tests of the first token and of the first two and
 three tokens, tests/sampling_law.py), and noise reused across positions is flagged. The native draws pick the
-torch references' tokens, and a prefill draws only the rows that predict output tokens."""
+torch references' tokens, and a call that returns some of its rows draws those alone, as among all."""
 import functools
 
 import pytest
@@ -12,7 +12,6 @@ from sampling_law import ALPHA, N, POWER, PROMPT, T1, TOP_K, TOP_P, ar_checkpoin
 from tiny_models import checkpoint
 
 import packed_ss
-from packed_ss import host
 from packed_ss.model.attention import Layout
 from packed_ss.runtime import ModelInput, Request
 from packed_ss.runtime.executor import Graphs
@@ -145,11 +144,11 @@ def test_the_inverse_cdf_sampler_writes_the_text_of_the_rejection_samplers_ar(mo
 
 
 @pytest.mark.parametrize("sampler", SHARED)
-def test_a_prefill_draws_only_the_rows_that_predict_output_tokens(sampler, monkeypatch):
-    """A prefill of prompts of 5 and 3 tokens, then 4 mask rows each: a prompt's anchors but its last predict
-    prompt tokens, which no step reads. On the host they are not drawn (4 target rows of 10: request 0's last
-    anchor, request 1's last and its 2 padding anchors; the 8 drafting rows), and every row that is drawn scores
-    what the device path, which draws every row, scores."""
+def test_the_rows_a_call_returns_draw_what_they_draw_among_all(sampler):
+    """A prefill of prompts of 5 and 3 tokens, then 4 mask rows each, returns the logits of the rows it reads
+    (`logit_rows`: each prompt's last row and its mask rows): only they are drawn (2 target rows, 8 drafting
+    rows), each at its own output position and by its own rule, so that each draws what it draws in the same
+    call returning every row."""
     torch.manual_seed(0)
     n, masks, vocab = 5, 4, 50
     prompt_len = torch.tensor([5, 3])
@@ -164,13 +163,12 @@ def test_a_prefill_draws_only_the_rows_that_predict_output_tokens(sampler, monke
     def counted(seed, position, prob, idx):
         drawn.append(prob.shape[0] * prob.shape[1])
         return reference(seed, position, prob, idx)
-    on_host = shared_noise.perturbed_scores(logits, inp, seed, prompt_len, settings, counted)
-    assert drawn == [4, 8]
-    monkeypatch.setattr(host, "reads_are_free", lambda t: False)
-    on_device = shared_noise.perturbed_scores(logits, inp, seed, prompt_len, settings, counted)
-    assert drawn[2:] == [10, 8]
-    read = torch.tensor([[False] * 4 + [True] * 5, [False, False] + [True] * 7])
-    assert torch.equal(on_host.argmax(-1)[read], on_device.argmax(-1)[read])
+    every = shared_noise.perturbed_scores(logits, inp, seed, prompt_len, settings, counted)
+    rows = torch.tensor([[4, 5, 6, 7, 8], [2, 5, 6, 7, 8]])
+    read = logits.gather(1, rows[..., None].expand(-1, -1, vocab))
+    some = shared_noise.perturbed_scores(read, inp._replace(logit_rows=rows), seed, prompt_len, settings, counted)
+    assert drawn == [10, 8, 2, 8]
+    assert torch.equal(some.argmax(-1), every.argmax(-1).gather(1, rows))
 
 
 # -- the AR sampler follows the model's own law ------------------------------------------------------------------

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import host
 from ..runtime import ModelInput, Step
 from .epilogue import NativeEpilogue
 from .epilogue.operator import noise_inverse_cdf, noise_race
@@ -83,28 +82,20 @@ def draft_tokens(logits: torch.Tensor, seed: torch.Tensor, position: torch.Tenso
 
 def perturbed_scores(logits: torch.Tensor, inp: ModelInput, seed: torch.Tensor, prompt_len: torch.Tensor,
                      settings: Sampling, draw=torch_race) -> torch.Tensor:
-    """Scores for every row of logits [B, R, V] of the call `inp` whose argmax is the row's shared-noise sample
-    (one-hot): what `draw` makes at j, the output position the row predicts, from p truncated as the target is
-    (target_tokens) on the rows before the layout's drafting rows, from the drafter's few likeliest tokens on
-    those (draft_tokens). A row that predicts a prompt token (j < 0: a prefill's anchors but the last) is read by
-    no step: where `host.reads_are_free`, it is not drawn (a prefill's rows are mostly such)."""
-    rows = logits.shape[1]
-    causal = torch.arange(rows, device=logits.device) < inp.layout.n_anchor
-    position = inp.positions + causal - prompt_len[:, None]                               # [B, R]
-    split = rows if inp.layout.draft_from is None else inp.layout.draft_from
-    tokens = torch.zeros(position.shape, dtype=torch.int64, device=logits.device)
-    for part, tokens_of in ((slice(0, split), target_tokens), (slice(split, rows), draft_tokens)):
-        at = position[:, part]
-        if not at.shape[1]:
-            continue
-        if host.reads_are_free(at) and (at < 0).any():
-            b, r = (at >= 0).nonzero(as_tuple=True)
-            if len(b):
-                rows_of = Sampling(*(setting[b] for setting in settings))
-                tokens[:, part][b, r] = tokens_of(logits[:, part][b, r][:, None], seed[b], at[b, r][:, None],
-                                                  rows_of, draw)[:, 0]
-        else:
-            tokens[:, part] = tokens_of(logits[:, part], seed, at.clamp(min=0).contiguous(), settings, draw)
+    """Scores for every row of logits [B, K, V] of the call `inp` (its rows, or its `logit_rows`) whose argmax is
+    the row's shared-noise sample (one-hot): what `draw` makes at j, the output position the row predicts, from p
+    truncated as the target is (target_tokens) on the rows before the layout's drafting rows, from the drafter's
+    few likeliest tokens on those (draft_tokens)."""
+    calls_rows = inp.positions.shape[1]
+    row = torch.arange(calls_rows, device=logits.device).expand_as(inp.positions) if inp.logit_rows is None \
+        else inp.logit_rows
+    position = (inp.positions.gather(1, row) + (row < inp.layout.n_anchor) - prompt_len[:, None]).clamp(min=0)
+    drafting = 0 if inp.layout.draft_from is None else calls_rows - inp.layout.draft_from   # the last rows read
+    split = logits.shape[1] - drafting
+    tokens = target_tokens(logits[:, :split], seed, position[:, :split].contiguous(), settings, draw)
+    if drafting:
+        drafts = draft_tokens(logits[:, split:], seed, position[:, split:].contiguous(), settings, draw)
+        tokens = torch.cat([tokens, drafts], 1)
     return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, tokens[..., None], 1.0)
 
 

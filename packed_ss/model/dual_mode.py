@@ -161,9 +161,12 @@ class DualModeModel(nn.Module):
         return own_cache(self, capacity, batch, page_size)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, layout: Layout, cache: KVCache,
-                cache_len: torch.Tensor, attend=reference_attention, head: bool = True) -> torch.Tensor | None:
+                cache_len: torch.Tensor, attend=reference_attention, head: bool = True,
+                rows: torch.Tensor | None = None) -> torch.Tensor | None:
         """Logits [rows, vocab] for one packed call; anchors' K/V are written into `cache`. `head=False`: the
-        K/V only, no logits (a chunk of a long prompt, whose rows predict nothing anyone reads).
+        K/V only, no logits (a chunk of a long prompt, whose rows predict nothing anyone reads). `rows` [K]
+        ([B, K] for a batch): the logits of those rows alone, in that order (a prefill reads a prompt's last row
+        and its mask rows; the vocabulary head over every prompt row would cost it as much as 20% more).
 
         One request: tokens / positions [R], a one-request cache, cache_len 0-d. A batch of requests whose
         calls share the layout: tokens / positions [B, R], a batch cache, cache_len [B] -> [B, R, vocab]
@@ -174,11 +177,13 @@ class DualModeModel(nn.Module):
         """
         if tokens.dim() == 1:
             one = KVCache(cache.k, cache.v, cache.table[None])
-            logits = self._forward(tokens[None], positions[None], layout, one, cache_len[None], attend, head)
+            logits = self._forward(tokens[None], positions[None], layout, one, cache_len[None], attend, head,
+                                   None if rows is None else rows[None])
             return None if logits is None else logits[0]
-        return self._forward(tokens, positions, layout, cache, cache_len, attend, head)
+        return self._forward(tokens, positions, layout, cache, cache_len, attend, head, rows)
 
-    def _forward(self, tokens, positions, layout: Layout, cache: KVCache, cache_len, attend, head: bool = True):
+    def _forward(self, tokens, positions, layout: Layout, cache: KVCache, cache_len, attend, head: bool = True,
+                 rows: torch.Tensor | None = None):
         x = self.model.embed_tokens(tokens)
         rope = rope_cos_sin(self.inv_freq, self.rope_scaling, positions, x.dtype)
         q_scale = None
@@ -189,6 +194,8 @@ class DualModeModel(nn.Module):
             x = layer(x, rope, q_scale, cache.k[i], cache.v[i], layout.draft_from, attention)
         if not head:
             return None
+        if rows is not None:
+            x = x.gather(1, rows[..., None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.model.norm(x))
         if self.cfg.suppress_mask_logit:   # SetDLM: the mask token is never a prediction, on any row
             logits[..., self.cfg.mask_token_id] = float("-inf")

@@ -85,7 +85,8 @@ class Runtime:
 
     # -- the model call --------------------------------------------------------------------------------
     def forward(self, inp: ModelInput, cache: KVCache) -> torch.Tensor:
-        return self.model(inp.tokens, inp.positions, inp.layout, cache, inp.cache_len, attend=self.attend)
+        return self.model(inp.tokens, inp.positions, inp.layout, cache, inp.cache_len, attend=self.attend,
+                          rows=inp.logit_rows)
 
     def call(self, step: Step, st, cache: KVCache, clock: Clock | None) -> None:
         """One step for a batch `st` (the batch's state, or one request's row of it: a batch of one): one model

@@ -26,6 +26,8 @@ class ModelInput(NamedTuple):
     positions: torch.Tensor   # [B, R] int64
     layout: Layout            # shared by the batch; n_anchor static, seg / see device tensors
     cache_len: torch.Tensor   # [B] int64: valid cache slots before the call; anchors go to cache_len + i
+    logit_rows: torch.Tensor | None = None    # [B, K] int64: the rows whose logits the call returns (None: all);
+    #                                           a layout's drafting rows, if any, all of them and last
 
 
 @dataclass

@@ -126,9 +126,9 @@ class Schedule(Program):
 
         def update(st: DecodeState, logits: torch.Tensor) -> None:
             st.cache_len.copy_(ends)          # the last prompt row plays the role of `last` when emitting
-            ours = self.epilogue.rows(logits.gather(1, rows[:, :, None].expand(-1, -1, logits.shape[2])), st.sampling)
+            ours = self.epilogue.rows(logits, st.sampling)
             self.epilogue.step(st, token=ours[:1], propose=ours[1:] if n_masks else None,
                                retain="a" if n_masks else None)
             self.redraft(st)
 
-        return Step(lambda st: ModelInput(tokens, positions, lay, cached), update)
+        return Step(lambda st: ModelInput(tokens, positions, lay, cached, rows), update)

@@ -25,7 +25,8 @@ def one_request(step: Step) -> Step:
     follows its request's own window, so requests cannot share a call."""
     def inputs(st: AnyOrderState) -> ModelInput:
         inp = step.inputs(st.request())
-        return ModelInput(inp.tokens[None], inp.positions[None], inp.layout, inp.cache_len[None])
+        rows = None if inp.logit_rows is None else inp.logit_rows[None]
+        return ModelInput(inp.tokens[None], inp.positions[None], inp.layout, inp.cache_len[None], rows)
 
     def update(st: AnyOrderState, logits: torch.Tensor) -> None:
         step.update(st.request(), logits[0])
@@ -84,13 +85,13 @@ class AnyOrderSchedule(Program):
         anchors = torch.arange(prompt.numel())
         layout = Layout(prompt.numel(), staged(torch.zeros_like(anchors), self.device), staged(anchors, self.device))
         prompt, positions = staged(prompt, self.device), staged(start + anchors, self.device)
-        start = staged(torch.tensor(start), self.device)
+        start, read = staged(torch.tensor(start), self.device), staged(anchors[:0], self.device)   # no logits read
 
         def update(st: AnyOrderState, logits: torch.Tensor) -> None:
             active = self.active(st)
             st.assign(active, nfe=st.nfe + 1)
             plan(st, self.order, active)
-        return one_request(Step(lambda st: ModelInput(prompt, positions, layout, start), update))
+        return one_request(Step(lambda st: ModelInput(prompt, positions, layout, start, read), update))
 
     def resume(self, st: AnyOrderState, call) -> None:
         """While held: run the next iteration with every pending row in its N region (host reads allowed)."""

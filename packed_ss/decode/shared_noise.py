@@ -86,11 +86,11 @@ def perturbed_scores(logits: torch.Tensor, inp: ModelInput, seed: torch.Tensor, 
     the row's shared-noise sample (one-hot): what `draw` makes at j, the output position the row predicts, from p
     truncated as the target is (target_tokens) on the rows before the layout's drafting rows, from the drafter's
     few likeliest tokens on those (draft_tokens)."""
-    calls_rows = inp.positions.shape[1]
-    row = torch.arange(calls_rows, device=logits.device).expand_as(inp.positions) if inp.logit_rows is None \
+    call_rows = inp.positions.shape[1]
+    row = torch.arange(call_rows, device=logits.device).expand_as(inp.positions) if inp.logit_rows is None \
         else inp.logit_rows
     position = (inp.positions.gather(1, row) + (row < inp.layout.n_anchor) - prompt_len[:, None]).clamp(min=0)
-    drafting = 0 if inp.layout.draft_from is None else calls_rows - inp.layout.draft_from   # the last rows read
+    drafting = 0 if inp.layout.draft_from is None else call_rows - inp.layout.draft_from   # the last rows read
     split = logits.shape[1] - drafting
     tokens = target_tokens(logits[:, :split], seed, position[:, :split].contiguous(), settings, draw)
     if drafting:

@@ -63,7 +63,10 @@ class Case:
             step = sched.prefill(torch.zeros(self.prompt_len, dtype=torch.int64))
         else:
             step = sched.steps[self.step]
-        step.update(st, self.logits[None].to(device))   # a batch of one
+        logits, rows = self.logits[None].to(device), step.inputs(st).logit_rows    # a batch of one
+        if rows is not None:            # the call returns those rows' logits alone (a prefill's)
+            logits = logits.gather(1, rows[..., None].expand(-1, -1, logits.shape[-1]))
+        step.update(st, logits)
         return st
 
 

@@ -32,9 +32,10 @@ class ScriptedModel:
     def kv_pools(self, pages, page_size):
         return torch.zeros(1, pages, page_size, 1, 1), torch.zeros(1, pages, page_size, 1, 1)
 
-    def __call__(self, tokens, positions, layout, cache, cache_len, attend=None):
-        """The engine's calls are batches [B, R]: request by request."""
-        return torch.stack([self.one(*request, layout) for request in zip(tokens, positions, cache_len)])
+    def __call__(self, tokens, positions, layout, cache, cache_len, attend=None, rows=None):
+        """The engine's calls are batches [B, R]: request by request; `rows` [B, K]: those rows' logits alone."""
+        logits = torch.stack([self.one(*request, layout) for request in zip(tokens, positions, cache_len)])
+        return logits if rows is None else logits.gather(1, rows[..., None].expand(-1, -1, VOCAB))
 
     def one(self, tokens, positions, cache_len, layout):
         rows, n = tokens.numel(), layout.n_anchor

@@ -19,6 +19,7 @@
 #include "lookup.h"
 #include "policy.h"
 #include "noise.h"
+#include "nucleus.h"
 #ifdef PSS_WITH_CUDA
 #include "epilogue_cuda.h"
 #include "noise_cuda.h"
@@ -211,6 +212,17 @@ PYBIND11_MODULE(_epilogue, m) {
         choose_rows(p, r);
       },
       "decode/policy.py's Policy.choose over contiguous rows (policy.h)");
+  m.def(
+      "nucleus_cpu",
+      [](uintptr_t prob, uintptr_t p, int64_t n_rows, int64_t vocab, int32_t prob_bits, uintptr_t cut,
+         int64_t threads) {
+        if (prob_bits == 32)
+          nucleus_cpu(as_ptr<const float>(prob), as_ptr<const float>(p), n_rows, vocab, as_ptr<float>(cut), threads);
+        else
+          nucleus_cpu(as_ptr<const double>(prob), as_ptr<const double>(p), n_rows, vocab, as_ptr<double>(cut), threads);
+      },
+      "cut[r] = the smallest probability top-p p[r] keeps of row r of prob [n_rows, vocab] (0 where p[r] >= 1), "
+      "as sampling.kept's sorted rule, on up to `threads` threads (nucleus.h)");
   m.def("philox_uniform", &philox_uniform, "u[i] of packed_ss.sampling.philox_uniform(seed, offset, n)");
   m.def("noise_uniform", &noise_uniform, "u of token x in the row (seed, position): sampling.exponential_noise's");
   m.def(

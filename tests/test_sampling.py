@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from packed_ss import host
+from packed_ss.decode import sampling
 from packed_ss.decode.acceptance import verify_greedy
 from packed_ss.decode.sampling import Sampling, SamplingParams, inverse_cdf, philox4x32, philox_uniform, truncated_probs
 
@@ -71,6 +72,51 @@ def test_both_truncation_paths_apply_the_sorted_rule(top_k, top_p):
             want = want / want.sum()
         dense = torch.zeros(3000, dtype=torch.float64).index_put_((idx[:top_k],), want)
         torch.testing.assert_close(prob, dense, rtol=1e-12, atol=1e-15)
+
+
+def sorted_cut(prob: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The torch reference of the top-p threshold of rows prob [N, V]: the rows sorted, the last token whose
+    mass ranked before it is below top_p (every token where top_p is 1: 0)."""
+    values = prob.sort(-1, descending=True).values
+    keep = values.cumsum(-1) - values < top_p[:, None]
+    return torch.where(top_p >= 1, 0.0, values.masked_fill(~keep, torch.inf).amin(-1))
+
+
+needs_native = pytest.mark.skipif(sampling.nucleus_cut(torch.ones(1, 2) / 2, torch.ones(1)) is None,
+                                  reason="the native module is not built")
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("vocab", [2, 5, 64, 300, 4096, 49152])
+def test_the_native_nucleus_cut_is_the_sorted_rules_bit_for_bit(dtype, vocab):
+    """csrc/nucleus.h finds, without sorting the row, the threshold the sorted rule finds: on peaked, middling,
+    flat and near-uniform rows, with ties (half a row at one value), zeros, and top_p from 0.1 to just below 1
+    (where the scan keeps every token of the bins whose sums reach it and gathers on) and 1."""
+    g = torch.Generator().manual_seed(vocab)
+    scale = torch.tensor([8.0, 2.0, 0.5, 1e-3]).repeat_interleave(8)[:, None]
+    logits = torch.randn(32, vocab, generator=g, dtype=dtype) * scale
+    logits[:4, : vocab // 2] = logits[:4, :1]
+    prob = torch.softmax(logits, -1)
+    prob[4:8, ::3] = 0.0
+    top_p = torch.tensor([0.1, 0.5, 0.9, 0.95, 0.999, 1 - 1e-7, 1 - 1e-12, 1.0] * 4, dtype=dtype)
+    got = sampling.nucleus_cut(prob, top_p)
+    assert got.dtype == dtype
+    assert torch.equal(got, sorted_cut(prob, top_p))
+
+
+@needs_native
+def test_kept_is_the_same_with_and_without_the_native_nucleus(monkeypatch):
+    """`kept` over a batch that mixes top-k and top-p requests keeps the same tokens whether the rows without
+    top-k take the native cut or the partial sorts."""
+    g = torch.Generator().manual_seed(7)
+    prob = torch.softmax(torch.randn(6, 3, 5000, generator=g) * torch.tensor([4.0, 1.0, 0.2])[:, None], -1)
+    top_k = torch.tensor([0, 0, 70, 3, 0, 200])
+    top_p = torch.tensor([0.9, 0.999, 0.9, 1.0, 1.0, 0.5])
+    native = sampling.kept(prob, top_k, top_p)
+    monkeypatch.setattr(sampling, "nucleus_cut", lambda prob, top_p: None)
+    assert torch.equal(native, sampling.kept(prob, top_k, top_p))
+    assert native.sum(-1).min() >= 1 and (native.sum(-1) < 5000).any()
 
 
 # Requests with their own settings in one batch: temperature, top-k (k = 1, above PARTIAL = 64, above the

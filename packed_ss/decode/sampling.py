@@ -105,12 +105,12 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     """Which tokens top-k, then top-p, keep of dense distributions prob [B, ..., V] (top_k [B], 0: all; top_p [B],
     1: all), as a bool mask [B, ..., V]: top-k keeps the k most probable tokens, top-p of those the ones whose mass
     ranked before them is below top_p of the top-k mass (the rule of a sorted, truncated, renormalised
-    distribution; tokens tied at a threshold are all kept). No full sort where a partial one finds the threshold:
-    the PARTIAL most probable tokens do wherever k <= PARTIAL or they hold top_p of the mass, the WIDE most
-    probable ones where they do, and the rows where neither does are ranked whole (those rows alone where
-    `host.reads_are_free`, else every row at once). On SmolLM2's 49,152 tokens a partial sort of WIDE costs a
-    sixth of a full one (0.24 against 1.45 ms a row, Intel Xeon, 2 threads), and at T = 1 / top-p 0.95 a third of
-    the rows of real text need more than PARTIAL, almost none more than WIDE."""
+    distribution; tokens tied at a threshold are all kept). Where `host.reads_are_free`, no row is sorted whole
+    that need not be: rows without top-k take the native module's cut (`nucleus_cut`, which sorts the nucleus
+    alone: 8 rows of 4,096 tokens whose nuclei hold ~330 take 0.13 ms, sorting them 1.4; Intel Xeon, 2
+    threads), the other rows partial sorts: the PARTIAL most probable tokens find the threshold wherever
+    k <= PARTIAL or they hold top_p of the mass, the WIDE most probable ones where they do, and the rows where
+    neither does are ranked whole. On a device, or in a step being compiled, every row is sorted at once."""
     vocab = prob.shape[-1]
     flat = prob.reshape(-1, vocab)
     k = _per_row(top_k, prob)[..., 0].expand(prob.shape[:-1]).reshape(-1)
@@ -127,19 +127,36 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     if not host.reads_are_free(prob) or vocab <= PARTIAL:
         cut = threshold(flat.sort(-1, descending=True).values, k, p)
     else:
-        cut = torch.empty_like(flat[:, 0])
+        cut = nucleus_cut(flat, torch.where(k == vocab, p, 1.0))
         rows = torch.arange(flat.shape[0], device=flat.device)       # the rows whose threshold is still unknown
+        rows = rows if cut is None else rows[k < vocab]
+        cut = torch.empty_like(flat[:, 0]) if cut is None else cut
         for ranked in [n for n in (PARTIAL, WIDE) if n < vocab] + [vocab]:
+            if not len(rows):
+                break
             some = flat if len(rows) == len(flat) else flat[rows]
             head = some.topk(ranked, -1).values if ranked < vocab else some.sort(-1, descending=True).values
             cut[rows] = threshold(head, k[rows], p[rows])
             short = ((k[rows] > ranked) & (k[rows] < vocab)) | \
                 ((k[rows] == vocab) & (p[rows] < 1) & (head.sum(-1) < p[rows]))
             rows = rows[short]
-            if not len(rows):
-                break
     cut = torch.where((k == vocab) & (p >= 1), 0.0, cut)          # nothing truncated: every token
     return (flat >= cut[:, None]).view(prob.shape)
+
+
+def nucleus_cut(prob: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor | None:
+    """The smallest probability top-p keeps of each row of prob [N, V] on the CPU, top_p [N] (0 where it is 1: every
+    token), by the native module (csrc/nucleus.h: the sorted rule's threshold bit for bit, without sorting the
+    row); None where that module is not built or the rows are not float32 / float64."""
+    from .epilogue.extension import native_module     # here: the epilogue package imports this module
+    mod = native_module()
+    if mod is None or prob.dtype not in (torch.float32, torch.float64):
+        return None
+    prob, top_p = prob.contiguous(), top_p.to(prob.dtype).contiguous()
+    cut = torch.empty_like(top_p)
+    mod.nucleus_cpu(prob.data_ptr(), top_p.data_ptr(), prob.shape[0], prob.shape[1], 32 if prob.dtype == torch.float32
+                    else 64, cut.data_ptr(), torch.get_num_threads())
+    return cut
 
 
 def _top_k_head(logits: torch.Tensor, temperature: torch.Tensor, sampling: Sampling) -> torch.Tensor:

@@ -7,12 +7,13 @@
 // each partial sum to the row's type; the scan below does the same, so the cut is the reference's bit for bit.
 //
 // Only the head of the sorted row is needed, up to the first token not kept. A histogram of the row's mass by
-// the leading bits of each probability (its float bit pattern: sign, exponent and kMantissaBits of mantissa;
-// monotone in the value) says which values the head reaches down to: the bins from the top until they hold p
-// of the mass. Those bins' tokens are gathered and sorted, and the scan runs over them; where it keeps all of
-// them (the mass before the last one is still below p), the next bin is added, down to the whole row. Each gathered bin's values are below every earlier one's, so the concatenated sorts are the
-// sort of the row's head. One pass over the row, one to gather, and a sort of the nucleus, not of the row: on
-// the 4M model's 4,096 tokens at T = 0.7 the nucleus holds a median of 122.
+// the leading bits of each probability (its float bit pattern: exponent and kMantissaBits of mantissa; monotone
+// in the value) says which values the head reaches down to: the bins from the top until they hold p of the
+// mass. Those bins' tokens are gathered and sorted, and the scan runs over them; where it keeps all of them (the
+// mass before the last one is still below p), the next bin is gathered, down to the whole row. Each gathered
+// bin's values are below every earlier one's, so the concatenated sorts are the sort of the row's head. One
+// pass over the row for the histogram, one per gather (mostly one or two), and a sort of the nucleus, not of
+// the row: on the 4M model's 4,096 tokens at T = 0.7 the nucleus holds a median of 122.
 #pragma once
 
 #include <algorithm>
@@ -35,7 +36,7 @@ inline int64_t nucleus_bin(T value) {
   const float f = static_cast<float>(value);           // rounding to float is monotone: so is the key
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
-  return static_cast<int64_t>(bits >> kBinShift);
+  return static_cast<int64_t>((bits & 0x7fffffffu) >> kBinShift);   // -0.0 in bin 0: never out of range
 }
 
 // The cut of one row (vocab entries, non-negative) for top-p p < 1 (infinite where nothing is kept, as the

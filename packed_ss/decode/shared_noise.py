@@ -87,9 +87,11 @@ def perturbed_scores(logits: torch.Tensor, inp: ModelInput, seed: torch.Tensor, 
     truncated as the target is (target_tokens) on the rows before the layout's drafting rows, from the drafter's
     few likeliest tokens on those (draft_tokens)."""
     call_rows = inp.positions.shape[1]
-    row = torch.arange(call_rows, device=logits.device).expand_as(inp.positions) if inp.logit_rows is None \
-        else inp.logit_rows
-    position = (inp.positions.gather(1, row) + (row < inp.layout.n_anchor) - prompt_len[:, None]).clamp(min=0)
+    if inp.logit_rows is None:
+        row, positions = torch.arange(call_rows, device=logits.device), inp.positions
+    else:
+        row, positions = inp.logit_rows, inp.positions.gather(1, inp.logit_rows)
+    position = (positions + (row < inp.layout.n_anchor) - prompt_len[:, None]).clamp(min=0)
     drafting = 0 if inp.layout.draft_from is None else call_rows - inp.layout.draft_from   # the last rows read
     split = logits.shape[1] - drafting
     tokens = target_tokens(logits[:, :split], seed, position[:, :split].contiguous(), settings, draw)

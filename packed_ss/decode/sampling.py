@@ -101,6 +101,11 @@ def _per_row(setting: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return setting.view(setting.shape + (1,) * (like.dim() - setting.dim()))
 
 
+def _each_row(setting: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-request setting [B] repeated for each row of like [B, ..., V], flat: [B * ...]."""
+    return _per_row(setting, like)[..., 0].expand(like.shape[:-1]).reshape(-1)
+
+
 def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Which tokens top-k, then top-p, keep of dense distributions prob [B, ..., V] (top_k [B], 0: all; top_p [B],
     1: all), as a bool mask [B, ..., V]: top-k keeps the k most probable tokens, top-p of those the ones whose mass
@@ -113,9 +118,14 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     neither does are ranked whole. On a device, or in a step being compiled, every row is sorted at once."""
     vocab = prob.shape[-1]
     flat = prob.reshape(-1, vocab)
-    k = _per_row(top_k, prob)[..., 0].expand(prob.shape[:-1]).reshape(-1)
-    k = torch.where((k > 0) & (k < vocab), k, vocab)
-    p = _per_row(top_p, prob)[..., 0].expand(prob.shape[:-1]).reshape(-1).to(prob.dtype)
+    limited = (top_k > 0) & (top_k < vocab)             # the requests [B] whose top-k truncates
+    eager = host.reads_are_free(prob) and vocab > PARTIAL
+    if eager and not limited.any():                     # top-p alone: every row's cut is the native module's
+        cut = nucleus_cut(flat, _each_row(top_p, prob))
+        if cut is not None:                             # (0, every token, where top_p is 1)
+            return (flat >= cut[:, None]).view(prob.shape)
+    k = _each_row(torch.where(limited, top_k, vocab), prob)
+    p = _each_row(top_p, prob).to(prob.dtype)
 
     def threshold(values: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """The smallest kept probability of rows whose `values` [N, n] are their n largest, sorted."""
@@ -124,7 +134,7 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
         before = values.cumsum(-1) - values
         keep = top & ((before < (p * mass)[:, None]) | (p >= 1)[:, None])
         return values.masked_fill(~keep, torch.inf).amin(-1)
-    if not host.reads_are_free(prob) or vocab <= PARTIAL:
+    if not eager:
         cut = threshold(flat.sort(-1, descending=True).values, k, p)
     else:
         cut = nucleus_cut(flat, torch.where(k == vocab, p, 1.0))
@@ -176,34 +186,60 @@ def _top_k_head(logits: torch.Tensor, temperature: torch.Tensor, sampling: Sampl
 def truncated_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """Temperature, then top-k, then top-p, per request: dense distributions [B, ..., V] from logits [B, ..., V]
     and the requests' `sampling` [B], zero outside the kept tokens. The same function defines the target p and the
-    drafter's Q. Each request's rows take one path, chosen by its own settings, so that what it gets never depends
-    on its batch: top-k of at most PARTIAL tokens the sorted head (`_top_k_head`); else the softmax over the
-    vocabulary, masked by `kept` and renormalised where top-k or top-p truncate (not where nothing does, so that
-    untruncated sampling pays no mask); temperature 0 the point mass on the argmax (greedy, the limit, which every
-    rule of the rejection sampler turns into greedy decoding). Where `host.reads_are_free`, a path no request takes
-    is skipped."""
+    drafter's Q. Each request's rows take one path, chosen by its own settings (`_paths`), so that what it gets
+    never depends on its batch: top-k of at most PARTIAL tokens the sorted head (`_top_k_head`); else the softmax
+    over the vocabulary, masked by `kept` and renormalised where top-k or top-p truncate (not where nothing does,
+    so that untruncated sampling pays no mask); temperature 0 the point mass on the argmax (greedy, the limit,
+    which every rule of the rejection sampler turns into greedy decoding). Where `host.reads_are_free`, the paths
+    are told on the host (`_taken`): the paths no request takes are skipped and a path every request takes needs
+    no merge."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    eager = host.reads_are_free(logits)
-    cold = sampling.temperature == 0
-    temperature = _per_row(torch.where(cold, 1.0, sampling.temperature), logits).to(logits.dtype)
-    head = (sampling.top_k > 0) & (sampling.top_k <= PARTIAL) & ~cold
-    whole = ~head & ~cold
+    whole, truncates, head, cold = _taken(sampling, host.reads_are_free(logits))
+    temperature = sampling.temperature
+    if isinstance(cold, torch.Tensor):          # a cold request's rows divide by 1 (and are then replaced)
+        temperature = torch.where(cold, 1.0, temperature)
+    temperature = _per_row(temperature, logits).to(logits.dtype)
     paths = []          # (rows, their distributions), the rows of each path by its own settings
-    if not eager or whole.any():
+    if whole is not None:
         prob = torch.softmax(logits / temperature, dim=-1)
-        truncates = whole & ((sampling.top_k > 0) | (sampling.top_p < 1))
-        if not eager or truncates.any():
+        if truncates is not None:
             cut = prob * kept(prob, sampling.top_k, sampling.top_p)
-            prob = torch.where(_per_row(truncates, prob), cut / cut.sum(-1, keepdim=True), prob)
+            cut = cut / cut.sum(-1, keepdim=True)
+            prob = cut if truncates is True else torch.where(_per_row(truncates, prob), cut, prob)
         paths.append((whole, prob))
-    if not eager or head.any():
+    if head is not None:
         paths.append((head, _top_k_head(logits, temperature, sampling)))
-    if not eager or cold.any():
+    if cold is not None:
         paths.append((cold, torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)))
     prob = paths[0][1]
     for rows, other in paths[1:]:
         prob = torch.where(_per_row(rows, prob), other, prob)
     return prob
+
+
+def _paths(temperature, top_k, top_p) -> tuple:
+    """Which path of truncated_probs requests take by their settings (tensors [B], or one request's numbers):
+    (whole, truncates, head, cold): the softmax over the vocabulary, and of those the ones top-k or top-p truncate;
+    the sorted head; the argmax."""
+    warm = temperature != 0
+    whole = warm & ((top_k <= 0) | (top_k > PARTIAL))
+    return whole, whole & ((top_k > 0) | (top_p < 1)), warm & (top_k > 0) & (top_k <= PARTIAL), temperature == 0
+
+
+def _taken(sampling: Sampling, eager: bool) -> tuple:
+    """Each path's requests (`_paths`): [B] bool tensors, or, where reads are free (`eager`), told on the host from
+    the settings: None for a path no request takes, True for one every request takes (no mask: the paths part the
+    requests, so it is the only one taken). Not eager, every path is taken by its mask."""
+    if not eager:
+        return _paths(*sampling)
+    settings = [s.reshape(-1).tolist() for s in sampling]       # [B], or [1] / 0-d for every request
+    size = max(len(s) for s in settings)
+    requests = [_paths(*(s[b % len(s)] for s in settings)) for b in range(size)]
+    taken = []
+    for flags in zip(*requests):
+        taken.append(None if not any(flags) else True if all(flags) else
+                     torch.tensor(flags, device=sampling.temperature.device))
+    return tuple(taken)
 
 
 def take_rows(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:

@@ -235,11 +235,8 @@ def _taken(sampling: Sampling, eager: bool) -> tuple:
     settings = [s.reshape(-1).tolist() for s in sampling]       # [B], or [1] / 0-d for every request
     size = max(len(s) for s in settings)
     requests = [_paths(*(s[b % len(s)] for s in settings)) for b in range(size)]
-    taken = []
-    for flags in zip(*requests):
-        taken.append(None if not any(flags) else True if all(flags) else
-                     torch.tensor(flags, device=sampling.temperature.device))
-    return tuple(taken)
+    return tuple(None if not any(flags) else True if all(flags) else torch.tensor(flags, device=sampling.top_k.device)
+                 for flags in zip(*requests))
 
 
 def take_rows(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:

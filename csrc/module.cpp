@@ -213,6 +213,44 @@ PYBIND11_MODULE(_epilogue, m) {
       },
       "decode/policy.py's Policy.choose over contiguous rows (policy.h)");
   m.def(
+      "prefers_lookup_cpu",
+      [](uintptr_t look_hit, uintptr_t diffusion, uintptr_t length, uintptr_t order, int64_t batch, int64_t width,
+         int64_t orders, int64_t packed, uintptr_t preferred) {
+        if (batch < 0 || width < 1 || orders < 1 || packed < 0)
+          throw std::invalid_argument("prefers_lookup: bad batch / width / orders / packed");
+        prefers_lookup_rows(as_ptr<const float>(look_hit), as_ptr<const float>(diffusion),
+                            as_ptr<const int64_t>(length), as_ptr<const int64_t>(order), batch, width, orders, packed,
+                            as_ptr<bool>(preferred));
+      },
+      "decode/policy.py's Policy.prefers_lookup over contiguous rows (policy.h)");
+  m.def(
+      "score_lookup_cpu",
+      [](uintptr_t look_hit, uintptr_t look_order, uintptr_t probe, uintptr_t probe_len, uintptr_t probe_at,
+         uintptr_t probe_order, uintptr_t out, uintptr_t n_out, uintptr_t draft, uintptr_t length, uintptr_t order,
+         uintptr_t done, uintptr_t passive, int64_t batch, int64_t width, int64_t orders, int64_t out_len,
+         double rate) {
+        if (batch < 0 || width < 1 || orders < 1 || out_len < 1)
+          throw std::invalid_argument("score_lookup: bad batch / width / orders / out_len");
+        score_lookup_rows({as_ptr<float>(look_hit), as_ptr<float>(look_order), as_ptr<int64_t>(probe),
+                           as_ptr<int64_t>(probe_len), as_ptr<int64_t>(probe_at), as_ptr<int64_t>(probe_order),
+                           as_ptr<const int64_t>(out), as_ptr<const int64_t>(n_out), as_ptr<const int64_t>(draft),
+                           as_ptr<const int64_t>(length), as_ptr<const int64_t>(order), as_ptr<const bool>(done),
+                           as_ptr<const bool>(passive), batch, width, orders, out_len, static_cast<float>(rate)});
+      },
+      "decode/policy.py's Policy.score_lookup over contiguous rows (policy.h)");
+  m.def(
+      "observe_cpu",
+      [](uintptr_t diffusion, uintptr_t last_ran, uintptr_t prior, uintptr_t packed, uintptr_t ran, uintptr_t emitted,
+         uintptr_t verified_lookup, uintptr_t done, uintptr_t passive, int64_t batch, int64_t packed_shapes,
+         double rate, double drift) {
+        if (batch < 0 || packed_shapes < 0) throw std::invalid_argument("observe: bad batch / packed_shapes");
+        observe_rows({as_ptr<float>(diffusion), as_ptr<int64_t>(last_ran), as_ptr<const float>(prior),
+                      as_ptr<const int64_t>(packed), as_ptr<const int64_t>(ran), as_ptr<const int64_t>(emitted),
+                      as_ptr<const bool>(verified_lookup), as_ptr<const bool>(done), as_ptr<const bool>(passive),
+                      batch, packed_shapes, static_cast<float>(rate), static_cast<float>(drift)});
+      },
+      "decode/policy.py's Policy.observe over contiguous rows (policy.h)");
+  m.def(
       "nucleus_cpu",
       [](uintptr_t prob, uintptr_t p, int64_t n_rows, int64_t vocab, int32_t prob_bits, uintptr_t cut,
          int64_t threads) {

@@ -39,21 +39,46 @@ struct PolicyRows {      // the state's rows [B, ...] and the choice's inputs
   int64_t batch;
 };
 
+// Policy.lookup_gain for one request: the expected tokens gain [W] of verifying its lookup draft (`length` tokens,
+// each right as often as `hit` [W] says) at widths 1..W.
+inline void lookup_gain(int64_t width, const float* hit, int64_t length, float* gain) {
+  double sum = 0.0;
+  for (int64_t k = 0; k < width; ++k) {
+    sum += static_cast<double>(hit[k] * (k < length ? 1.0f : 0.0f));
+    gain[k] = 1.0f + static_cast<float>(sum);
+  }
+}
+
+// Policy.prefers_lookup for one request: a lookup draft (a match of order > 0) expected to earn, at full width
+// (`full_gain`), as much as the best of its `packed` diffusion estimates.
+inline bool prefers_lookup(float full_gain, int64_t order, const float* diffusion, int64_t packed) {
+  bool preferred = order > 0;
+  if (packed > 0) {
+    float best = diffusion[0];
+    for (int64_t j = 1; j < packed; ++j) best = std::max(best, diffusion[j]);
+    preferred = preferred && full_gain >= best;
+  }
+  return preferred;
+}
+
+// Policy.prefers_lookup over the batch: `preferred` [B], given each request's lookup draft (`length`, `order`) and
+// look_hit [B, orders, W].
+inline void prefers_lookup_rows(const float* look_hit, const float* diffusion, const int64_t* length,
+                                const int64_t* order, int64_t batch, int64_t width, int64_t orders, int64_t packed,
+                                bool* preferred) {
+  std::vector<float> gain(width);
+  for (int64_t b = 0; b < batch; ++b) {
+    lookup_gain(width, look_hit + (b * orders + order[b]) * width, length[b], gain.data());
+    preferred[b] = prefers_lookup(gain[width - 1], order[b], diffusion + b * packed, packed);
+  }
+}
+
 // Policy.expected for one request: tokens [S] of each shape, given its draft (`hit` [W], `length`, `order`).
 inline void expected_row(const PolicyNumbers& p, const float* hit, int64_t length, int64_t order,
                          const float* diffusion, float* out) {
   std::vector<float> gain(p.width);
-  double sum = 0.0;
-  for (int64_t k = 0; k < p.width; ++k) {
-    sum += static_cast<double>(hit[k] * (k < length ? 1.0f : 0.0f));
-    gain[k] = 1.0f + static_cast<float>(sum);
-  }
-  bool preferred = order > 0;
-  if (p.packed > 0) {
-    float best = diffusion[0];
-    for (int64_t j = 1; j < p.packed; ++j) best = std::max(best, diffusion[j]);
-    preferred = preferred && gain[p.width - 1] >= best;
-  }
+  lookup_gain(p.width, hit, length, gain.data());
+  const bool preferred = prefers_lookup(gain[p.width - 1], order, diffusion, p.packed);
   for (int64_t s = 0; s < p.shapes; ++s) {
     const float at_width = gain[std::max<int64_t>(p.widths[s], 1) - 1];
     const float drafted = (order > 0 && p.widths[s] > 0) ? at_width : 1.0f;
@@ -139,6 +164,87 @@ inline void choose_rows(const PolicyNumbers& p, const PolicyRows& r) {
       if (hopeless) r.quiet_run[b] = std::min<int64_t>(2 * r.quiet_run[b], p.run_last);
     }
     if (!hopeless) r.quiet_run[b] = p.run_first;
+  }
+}
+
+
+// Policy.score_lookup, request by request: score each active request's probe against the tokens it emitted since
+// (its leading tokens right, among those emitted), fold a settled probe into the rows of look_hit of its order and
+// of any order, count the order of the new match in look_order, and probe the new lookup draft once settled.
+struct LookupScore {
+  float* look_hit;            // [B, orders, W]
+  float* look_order;          // [B, orders]
+  int64_t* probe;             // [B, W]
+  int64_t* probe_len;         // [B]
+  int64_t* probe_at;          // [B]
+  int64_t* probe_order;       // [B]
+  const int64_t* out;         // [B, out_len]
+  const int64_t* n_out;       // [B]
+  const int64_t* draft;       // [B, W]: the new lookup draft
+  const int64_t* length;      // [B]: ... its length
+  const int64_t* order;       // [B]: ... and the order of its match (0: none)
+  const bool* done;
+  const bool* passive;
+  int64_t batch, width, orders, out_len;
+  float rate;
+};
+
+inline void score_lookup_rows(const LookupScore& a) {
+  const int64_t W = a.width;
+  for (int64_t b = 0; b < a.batch; ++b) {
+    if (a.done[b] || a.passive[b]) continue;
+    const int64_t at = a.probe_at[b], len = a.probe_len[b];
+    const int64_t compared = std::min(a.n_out[b] - at, len);
+    int64_t right = 0;
+    while (right < W && right < compared &&
+           a.out[b * a.out_len + std::min(at + right, a.out_len - 1)] == a.probe[b * W + right])
+      ++right;
+    const bool settled = right < compared || compared >= len;
+    if (settled && len > 0) {
+      for (int64_t r = 0; r < a.orders; ++r) {
+        if (r != 0 && r != a.probe_order[b]) continue;
+        float* hit = a.look_hit + (b * a.orders + r) * W;
+        for (int64_t k = 0; k < std::min(len, W); ++k)
+          hit[k] = hit[k] + a.rate * ((k < right ? 1.0f : 0.0f) - hit[k]);
+      }
+    }
+    float* seen = a.look_order + b * a.orders;
+    for (int64_t r = 0; r < a.orders; ++r) seen[r] = seen[r] + a.rate * ((r == a.order[b] ? 1.0f : 0.0f) - seen[r]);
+    if (!settled) continue;
+    std::copy(a.draft + b * W, a.draft + (b + 1) * W, a.probe + b * W);
+    a.probe_len[b] = a.order[b] > 0 ? a.length[b] : 0;
+    a.probe_at[b] = a.n_out[b];
+    a.probe_order[b] = a.order[b];
+  }
+}
+
+// Policy.observe, request by request: a steady packed run that verified a diffusion draft (the same shape the step
+// before) moves that shape's estimate toward the tokens it emitted; every other estimate drifts to its prior.
+struct DiffusionObservation {
+  float* diffusion;           // [B, P]
+  int64_t* last_ran;          // [B]: the shape each request ran the step before; becomes `ran`
+  const float* prior;         // [P]
+  const int64_t* packed;      // [P]: the packed shapes' indices
+  const int64_t* ran;         // [B]
+  const int64_t* emitted;     // [B]
+  const bool* verified_lookup;
+  const bool* done;
+  const bool* passive;
+  int64_t batch, packed_shapes;
+  float rate, drift;
+};
+
+inline void observe_rows(const DiffusionObservation& a) {
+  for (int64_t b = 0; b < a.batch; ++b) {
+    if (a.done[b] || a.passive[b]) continue;
+    const bool steady = a.last_ran[b] == a.ran[b] && !a.verified_lookup[b];
+    float* estimate = a.diffusion + b * a.packed_shapes;
+    for (int64_t j = 0; j < a.packed_shapes; ++j) {
+      const float d = estimate[j];
+      estimate[j] = (steady && a.ran[b] == a.packed[j]) ? d + a.rate * (static_cast<float>(a.emitted[b]) - d)
+                                                        : d + a.drift * (a.prior[j] - d);
+    }
+    a.last_ran[b] = a.ran[b];
   }
 }
 

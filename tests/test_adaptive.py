@@ -4,6 +4,7 @@ and under the rejection sampler batched equals alone and sequences follow the AR
 rule flagged). A policy forced to switch shapes every other iteration shows the switches are safe; the policy's
 statistics and choice are checked on states built by hand."""
 
+import collections
 import random
 import threading
 
@@ -564,3 +565,61 @@ def test_the_native_choice_is_the_torch_one(drafts, per_request):
             assert torch.equal(getattr(st, name), getattr(want, name)), (trial, name)
         seen |= set(want.choice.tolist())
     assert len(seen) > 1                              # the cases choose more than one shape
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="the native epilogue is not built")
+@pytest.mark.parametrize("drafts", ["lookup", "both"])
+def test_the_native_statistics_are_the_torch_ones(drafts):
+    """csrc/policy.h against Policy.prefers_lookup, Policy.observe and Policy.score_lookup on random statistics,
+    probes partly emitted, new drafts, shapes run and quiet or finished rows, at batch sizes 1 to 33: the same
+    preferences, look_hit, look_order, probes and diffusion estimates, bit for bit."""
+    gen = torch.Generator().manual_seed(len(drafts))
+    shapes = shapes_for(16, drafts)
+    native = NativeEpilogue("cpu", 16, False)
+    policy = Policy.from_profile(shapes, None)
+    settled = scored = steady = 0
+    prefers = collections.Counter()
+    for trial in range(24):
+        batch = [1, 2, 5, 8, 9, 33][trial % 6]
+        st = state(policy, batch)
+        w, orders = policy.width, st.look_hit.shape[1]
+        st.look_hit.copy_(torch.rand(st.look_hit.shape, generator=gen))
+        st.look_order.copy_(torch.rand(st.look_order.shape, generator=gen))
+        st.diffusion.copy_(1 + 3 * torch.rand(st.diffusion.shape, generator=gen))
+        st.probe.copy_(torch.randint(0, 3, st.probe.shape, generator=gen))
+        st.probe_len.copy_(torch.randint(0, w + 1, (batch,), generator=gen))
+        st.probe_order.copy_(torch.randint(0, orders, (batch,), generator=gen))
+        st.n_out.copy_(torch.randint(0, 40, (batch,), generator=gen))
+        st.probe_at.copy_((st.n_out * torch.rand(batch, generator=gen)).long())
+        st.out.copy_(torch.randint(0, 3, st.out.shape, generator=gen))
+        for b in range(batch):                     # the probe's first tokens emitted, up to a random miss
+            right = int(torch.randint(0, w + 1, (), generator=gen))
+            at = int(st.probe_at[b])
+            st.out[b, at:at + right] = st.probe[b, :min(right, st.out.shape[1] - at)]
+        st.ran.copy_(torch.randint(0, len(shapes), (batch,), generator=gen))
+        st.done.copy_(torch.rand(batch, generator=gen) < 0.2)
+        passive = torch.rand(batch, generator=gen) < 0.2
+        draft = torch.randint(0, 3, (batch, w), generator=gen)
+        length = torch.randint(0, w + 1, (batch,), generator=gen)
+        order = torch.randint(0, orders, (batch,), generator=gen)
+        ran = torch.where(torch.rand(batch, generator=gen) < 0.5, st.ran,
+                          torch.randint(0, len(shapes), (batch,), generator=gen))
+        emitted = torch.randint(1, w + 2, (batch,), generator=gen)
+        verified_lookup = torch.rand(batch, generator=gen) < 0.3
+        before, want = type(st).cat([st]), type(st).cat([st])
+        preferred = policy.prefers_lookup(want, length, order)
+        assert torch.equal(native.prefers_lookup(policy, st, length, order), preferred), trial
+        prefers[True] += int(preferred.sum())
+        prefers[False] += int((~preferred & (order > 0)).sum())
+        policy.observe(want, ran, emitted, verified_lookup, passive)
+        native.observe(policy, st, ran, emitted, verified_lookup, passive)
+        policy.score_lookup(want, draft, length, order, passive)
+        native.score_lookup(policy, st, draft, length, order, passive)
+        for name in ("look_hit", "look_order", "probe", "probe_len", "probe_at", "probe_order", "diffusion", "ran"):
+            assert torch.equal(getattr(st, name), getattr(want, name)), (trial, name)
+        settled += int((want.probe_at != before.probe_at).sum())
+        scored += int((want.look_hit != before.look_hit).any(-1).any(-1).sum())
+        packed = torch.isin(ran, torch.tensor(policy.packed, dtype=torch.int64))
+        steady += int((~st.done & ~passive & packed & (ran == before.ran) & ~verified_lookup).sum())
+    assert settled and scored and (steady or drafts == "lookup")   # probes settle and score; estimates learn
+    assert prefers[True] and (prefers[False] or drafts == "lookup")  # requests prefer lookup drafts, and not

@@ -94,6 +94,20 @@ class Epilogue:
         """The lookup drafter's continuation of each row (lookup.continuation), for the next step's draft."""
         return continuation(hay, end, width)
 
+    def observe(self, policy, st, ran: torch.Tensor, emitted: torch.Tensor, verified_lookup: torch.Tensor,
+                passive: torch.Tensor | None = None) -> None:
+        """The adaptive schedule's diffusion estimates after the step (policy.Policy.observe)."""
+        policy.observe(st, ran, emitted, verified_lookup, passive)
+
+    def score_lookup(self, policy, st, draft: torch.Tensor, length: torch.Tensor, order: torch.Tensor,
+                     passive: torch.Tensor | None = None) -> None:
+        """The adaptive schedule's lookup statistics after the step (policy.Policy.score_lookup)."""
+        policy.score_lookup(st, draft, length, order, passive)
+
+    def prefers_lookup(self, policy, st, length: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        """Which requests [B] give a packed call their lookup draft (policy.Policy.prefers_lookup)."""
+        return policy.prefers_lookup(st, length, order)
+
     def choose(self, policy, st, length: torch.Tensor, order: torch.Tensor, passive: torch.Tensor | None = None):
         """The adaptive schedule's choice after the step (policy.Policy.choose)."""
         policy.choose(st, length, order, passive)

@@ -41,6 +41,17 @@ def _row_stride(t: torch.Tensor, what: str) -> int:
     return s0 // row
 
 
+def _contiguous(*rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Arguments of a native call that are values of this step (copied where they are views)."""
+    return tuple(t.contiguous() for t in rows)
+
+
+def _check_contiguous(*state: torch.Tensor) -> None:
+    """The adaptive state's rows a native call reads or writes in place must be contiguous."""
+    if not all(t.is_contiguous() for t in state):
+        raise ValueError("the adaptive state's rows must be contiguous")
+
+
 class NativeEpilogue(Epilogue):
     """The compiled epilogue: one call steps the state's whole batch; calls are asynchronous on CUDA (the
     current stream) and capturable in a CUDA graph; on the CPU it runs the same __host__ __device__ code.
@@ -91,18 +102,56 @@ class NativeEpilogue(Epilogue):
                             draft.data_ptr(), order.data_ptr())
         return draft, order
 
+    def _torch_policy(self, policy, method: str) -> bool:
+        """Whether the policy's `method` runs as torch ops: on CUDA, in a step being compiled, and for a policy
+        that does it its own way (a subclass's); on the CPU otherwise csrc/policy.h does it, the same float32
+        operations request by request."""
+        return self.cuda or torch.compiler.is_compiling() or getattr(type(policy), method) is not getattr(rules.Policy,
+                                                                                                          method)
+
+    def observe(self, policy, st, ran: torch.Tensor, emitted: torch.Tensor, verified_lookup: torch.Tensor,
+                passive: torch.Tensor | None = None) -> None:
+        if self._torch_policy(policy, "observe"):
+            return policy.observe(st, ran, emitted, verified_lookup, passive)
+        c = policy.constants(self.device)
+        passive = torch.zeros_like(st.done) if passive is None else passive
+        rows = _contiguous(ran, emitted, verified_lookup, st.done, passive)
+        _check_contiguous(st.diffusion, st.ran)
+        self.mod.observe_cpu(*(t.data_ptr() for t in (st.diffusion, st.ran, c.diffusion_prior, c.packed, *rows)),
+                             st.batch, len(policy.packed), rules.RATE, rules.DRIFT)
+
+    def score_lookup(self, policy, st, draft: torch.Tensor, length: torch.Tensor, order: torch.Tensor,
+                     passive: torch.Tensor | None = None) -> None:
+        if self._torch_policy(policy, "score_lookup"):
+            return policy.score_lookup(st, draft, length, order, passive)
+        passive = torch.zeros_like(st.done) if passive is None else passive
+        if draft.shape[1] != policy.width:
+            raise ValueError(f"score_lookup: the draft is {draft.shape[1]} wide, the policy {policy.width}")
+        rows = _contiguous(draft, length, order, st.done, passive)
+        written = (st.look_hit, st.look_order, st.probe, st.probe_len, st.probe_at, st.probe_order)
+        _check_contiguous(*written, st.out, st.n_out)
+        self.mod.score_lookup_cpu(*(t.data_ptr() for t in (*written, st.out, st.n_out, *rows)), st.batch,
+                                  policy.width, st.look_hit.shape[1], st.out.shape[1], rules.RATE)
+
+    def prefers_lookup(self, policy, st, length: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        if self._torch_policy(policy, "prefers_lookup"):
+            return policy.prefers_lookup(st, length, order)
+        length, order = _contiguous(length, order)
+        _check_contiguous(st.look_hit, st.diffusion)
+        preferred = torch.empty_like(st.done)
+        self.mod.prefers_lookup_cpu(*(t.data_ptr() for t in (st.look_hit, st.diffusion, length, order)), st.batch,
+                                    policy.width, st.look_hit.shape[1], len(policy.packed), preferred.data_ptr())
+        return preferred
+
     def choose(self, policy, st, length: torch.Tensor, order: torch.Tensor, passive: torch.Tensor | None = None):
-        """On the CPU, csrc/policy.h (Policy.choose's arithmetic, request by request); on CUDA, in a step being
-        compiled and for a policy that chooses its own way (a subclass's `choose`), the torch ops."""
-        if self.cuda or torch.compiler.is_compiling() or type(policy).choose is not rules.Policy.choose:
+        if self._torch_policy(policy, "choose"):
             return policy.choose(st, length, order, passive)
         c = policy.constants(self.device)
         passive = torch.zeros_like(st.done) if passive is None else passive
-        rows = (st.look_hit, st.look_order, st.diffusion, length.contiguous(), order.contiguous(), st.done,
-                passive.contiguous(), (st.sampling.temperature == 0).contiguous(), st.queued, st.nfe)
+        rows = (st.look_hit, st.look_order, st.diffusion, *_contiguous(length, order), st.done,
+                *_contiguous(passive, st.sampling.temperature == 0), st.queued, st.nfe)
         written = (st.choice, st.quiet_until, st.quiet_run)
-        if not all(t.is_contiguous() for t in rows + written):
-            raise ValueError("the adaptive state's rows must be contiguous")
+        _check_contiguous(*rows, *written)
         self.mod.choose_cpu(*(t.data_ptr() for t in (c.costs, c.widths, c.masks, c.estimate)), len(policy.shapes),
                             policy.width, st.look_hit.shape[1], len(policy.packed), policy.row, policy.call,
                             rules.MARGIN, rules.COST_BATCH, rules.DOZE, *rules.QUIET_RUNS, policy.per_request,

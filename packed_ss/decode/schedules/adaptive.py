@@ -79,7 +79,7 @@ class Adaptive(Schedule):
                 self.epilogue.step(st, verify=verify, propose=rows[w + 2:], retain="a")
             else:
                 self.epilogue.step(st, verify=verify)
-            self.policy.observe(st, ran, st.n_out - before, verified_lookup, passive)
+            self.epilogue.observe(self.policy, st, ran, st.n_out - before, verified_lookup, passive)
             self.redraft(st, keep=(c.masks[ran] > 0) if m else None, held=(held, offset), passive=passive)
         return update
 
@@ -103,14 +103,14 @@ class Adaptive(Schedule):
             draft, length, order = st.draft, st.draft_len, torch.zeros_like(st.draft_len)
         found = order > 0
         keep = torch.zeros_like(found) if keep is None else keep
-        lookup = found & (self.policy.prefers_lookup(st, length, order) | ~keep) & ~passive
+        lookup = found & (self.epilogue.prefers_lookup(self.policy, st, length, order) | ~keep) & ~passive
         st.assign(~st.done, draft=torch.where(lookup[:, None], draft, st.draft),
                   draft_len=torch.where(lookup, length, torch.where(keep & ~passive, st.draft_len, 0)),
                   lookup_draft=lookup)
         if self.sampled and self.looks_up:
             self.point_mass(st, draft, lookup & ~st.done)
         if self.looks_up:
-            self.policy.score_lookup(st, draft, length, order, passive)
+            self.epilogue.score_lookup(self.policy, st, draft, length, order, passive)
         if held is not None:
             held, offset = held
             st.done.logical_and_(~held)

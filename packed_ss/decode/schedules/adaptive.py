@@ -68,11 +68,13 @@ class Adaptive(Schedule):
         def update(st, logits):
             rows = self.epilogue.rows(logits, st.sampling)
             c = self.policy.constants(st.done.device)
-            passive = st.passive
-            ran = torch.where(passive, 0, st.choice if self.policy.per_request else index)
-            held = ~st.done & ~self.policy.covers(index, ran)     # chose a wider shape than this call: sits out
-            verified_lookup, before, offset = st.lookup_draft.clone(), st.n_out.clone(), st.offset.clone()
-            st.done.logical_or_(held)
+            passive, per_request = st.passive, self.policy.per_request
+            ran = torch.where(passive, 0, st.choice if per_request else index)
+            held = None              # chosen freely, every request runs this shape (or, quiet, AR's)
+            if per_request:          # a request that chose a wider shape than this call sits it out
+                held = (~st.done & ~self.policy.covers(index, ran), st.offset.clone())
+                st.done.logical_or_(held[0])
+            verified_lookup, before = st.lookup_draft.clone(), st.n_out.clone()
             st.assign(~st.done, draft_len=torch.minimum(st.draft_len, c.widths[ran]))
             verify = rows[:w + 1]
             if m:
@@ -80,7 +82,7 @@ class Adaptive(Schedule):
             else:
                 self.epilogue.step(st, verify=verify)
             self.epilogue.observe(self.policy, st, ran, st.n_out - before, verified_lookup, passive)
-            self.redraft(st, keep=(c.masks[ran] > 0) if m else None, held=(held, offset), passive=passive)
+            self.redraft(st, keep=(c.masks[ran] > 0) if m else None, held=held, passive=passive)
         return update
 
     def _quiet(self, st, logits):

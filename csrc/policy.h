@@ -1,8 +1,9 @@
-// The adaptive schedule's choice (packed_ss/decode/policy.py `Policy.choose`), request by request on the CPU.
+// The adaptive schedule's policy (packed_ss/decode/policy.py), request by request on the CPU: its choice
+// (`Policy.choose`) and the statistics it keeps after each step (`observe`, `score_lookup`, `prefers_lookup`).
 //
 // It reproduces the torch reference's float32 arithmetic operation by operation (a cumulative sum and the
 // batch's sums accumulate in double, as the reference does; no fused multiply-adds: CMakeLists builds with
-// -ffp-contract=off), so both pick the same shapes and quiet periods.
+// -ffp-contract=off), so both keep the same statistics and pick the same shapes and quiet periods.
 #pragma once
 
 #include <algorithm>

@@ -155,7 +155,8 @@ class Constants(NamedTuple):
 
 
 class Policy:
-    """The shapes, the per-row cost model and the priors; `observe` and `choose` run on the device after a step."""
+    """The shapes, the per-row cost model and the priors; `observe`, `score_lookup` and `choose` run on the device
+    after a step (through the epilogue, whose native one runs them in C++ on the CPU: csrc/policy.h)."""
 
     def __init__(self, shapes: list[Shape], lookup_prior: list[float], diffusion_prior: dict[Shape, float],
                  costs: list[tuple[float, float]] | None = None, per_request: bool = False):

@@ -4,9 +4,10 @@ A decode step ends with acceptance, the correction or bonus draw, emit with the 
 length advance and the retain of the proposal suffix with its Q. Two objects implement it with the same
 calls and bit-identical results: `TorchEpilogue` (plain torch, the reference; it compiles with
 torch.compile) and `NativeEpilogue` (csrc/, one call per step). A schedule holds one of them and has a
-single update path. After the step, the next lookup draft (`continuation`) and the adaptive schedule's choice
-(`choose`) go through the epilogue too: the native one runs both in C++ on the CPU (csrc/lookup.h, policy.h),
-where a few dozen small torch ops each would cost more than the rest of the step.
+single update path. After the step, the next lookup draft (`continuation`) and the adaptive schedule's policy
+(its statistics: `observe`, `score_lookup`, `prefers_lookup`; its choice: `choose`) go through the epilogue too:
+the native one runs them in C++ on the CPU (csrc/lookup.h, policy.h), where a few dozen small torch ops each would
+cost more than the rest of the step.
 
 What an epilogue consumes: the model's logits, processed by `rows(logits, sampling)` into the argmax of each row
 (greedy) or the truncated distribution of each row (sampled: `truncated_probs` with each request's settings, dense:

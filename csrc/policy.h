@@ -168,7 +168,6 @@ inline void choose_rows(const PolicyNumbers& p, const PolicyRows& r) {
   }
 }
 
-
 // Policy.score_lookup, request by request: score each active request's probe against the tokens it emitted since
 // (its leading tokens right, among those emitted), fold a settled probe into the rows of look_hit of its order and
 // of any order, count the order of the new match in look_order, and probe the new lookup draft once settled.

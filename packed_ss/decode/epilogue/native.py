@@ -106,8 +106,8 @@ class NativeEpilogue(Epilogue):
         """Whether the policy's `method` runs as torch ops: on CUDA, in a step being compiled, and for a policy
         that does it its own way (a subclass's); on the CPU otherwise csrc/policy.h does it, the same float32
         operations request by request."""
-        return self.cuda or torch.compiler.is_compiling() or getattr(type(policy), method) is not getattr(rules.Policy,
-                                                                                                          method)
+        its_own = getattr(type(policy), method) is not getattr(rules.Policy, method)
+        return self.cuda or torch.compiler.is_compiling() or its_own
 
     def observe(self, policy, st, ran: torch.Tensor, emitted: torch.Tensor, verified_lookup: torch.Tensor,
                 passive: torch.Tensor | None = None) -> None:

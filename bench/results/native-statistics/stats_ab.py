@@ -5,7 +5,10 @@ seeds. Each default engine measures its shape costs (Engine._shape_costs) with i
 tokens a call, native / torch and default / AR with bootstrap 95% intervals over the prompts, and whether the two
 versions wrote the same tokens.
 
-    cd /tmp && python stats_ab.py T [TOP_P]
+    cd /tmp && python stats_ab.py T [TOP_P] [same-costs]
+
+With `same-costs` both default engines run on the shape costs the first measured, so that they choose alike and
+the A/B times the bookkeeping alone.
 """
 import contextlib
 import random
@@ -33,12 +36,15 @@ def version(name):
 
 torch.set_num_threads(2)
 T = float(sys.argv[1])
-top_p = float(sys.argv[2]) if len(sys.argv) > 2 else None
+same_costs = "same-costs" in sys.argv
+numbers = [a for a in sys.argv[2:] if a != "same-costs"]
+top_p = float(numbers[0]) if numbers else None
 model = packed_ss.load_model()
 ids = [ids for _, ids in tokenized_prompts(packed_ss.load_tokenizer(), 24)][8:24]
 engines = {}
 for name in ("torch", "native"):
-    packed_ss.engine._shape_costs.clear()
+    if not same_costs:
+        packed_ss.engine._shape_costs.clear()
     with version(name):
         engines[name] = packed_ss.Engine(model)
         engines[name].generate(ids[0], 8, temperature=T, top_p=top_p, seed=0)

@@ -26,7 +26,7 @@ spent = collections.defaultdict(lambda: [0, 0.0])
 
 
 def timed(owner, name, key=None):
-    if name not in vars(owner):
+    if not hasattr(owner, name):
         return
     f = getattr(owner, name)
 

@@ -115,10 +115,10 @@ class NativeEpilogue(Epilogue):
             return policy.observe(st, ran, emitted, verified_lookup, passive)
         c = policy.constants(self.device)
         passive = torch.zeros_like(st.done) if passive is None else passive
-        rows = _contiguous(ran, emitted, verified_lookup, st.done, passive)
-        _check_contiguous(st.diffusion, st.ran)
-        self.mod.observe_cpu(*(t.data_ptr() for t in (st.diffusion, st.ran, c.diffusion_prior, c.packed, *rows)),
-                             st.batch, len(policy.packed), rules.RATE, rules.DRIFT)
+        ran, emitted, verified_lookup, passive = _contiguous(ran, emitted, verified_lookup, passive)
+        _check_contiguous(st.diffusion, st.ran, st.done)
+        rows = (st.diffusion, st.ran, c.diffusion_prior, c.packed, ran, emitted, verified_lookup, st.done, passive)
+        self.mod.observe_cpu(*(t.data_ptr() for t in rows), st.batch, len(policy.packed), rules.RATE, rules.DRIFT)
 
     def score_lookup(self, policy, st, draft: torch.Tensor, length: torch.Tensor, order: torch.Tensor,
                      passive: torch.Tensor | None = None) -> None:
@@ -127,11 +127,12 @@ class NativeEpilogue(Epilogue):
         passive = torch.zeros_like(st.done) if passive is None else passive
         if draft.shape[1] != policy.width:
             raise ValueError(f"score_lookup: the draft is {draft.shape[1]} wide, the policy {policy.width}")
-        rows = _contiguous(draft, length, order, st.done, passive)
+        draft, length, order, passive = _contiguous(draft, length, order, passive)
         written = (st.look_hit, st.look_order, st.probe, st.probe_len, st.probe_at, st.probe_order)
-        _check_contiguous(*written, st.out, st.n_out)
-        self.mod.score_lookup_cpu(*(t.data_ptr() for t in (*written, st.out, st.n_out, *rows)), st.batch,
-                                  policy.width, st.look_hit.shape[1], st.out.shape[1], rules.RATE)
+        _check_contiguous(*written, st.out, st.n_out, st.done)
+        rows = (*written, st.out, st.n_out, draft, length, order, st.done, passive)
+        self.mod.score_lookup_cpu(*(t.data_ptr() for t in rows), st.batch, policy.width, st.look_hit.shape[1],
+                                  st.out.shape[1], rules.RATE)
 
     def prefers_lookup(self, policy, st, length: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
         if self._torch_policy(policy, "prefers_lookup"):

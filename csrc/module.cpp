@@ -252,15 +252,19 @@ PYBIND11_MODULE(_epilogue, m) {
       "decode/policy.py's Policy.observe over contiguous rows (policy.h)");
   m.def(
       "nucleus_cpu",
-      [](uintptr_t prob, uintptr_t p, int64_t n_rows, int64_t vocab, int32_t prob_bits, uintptr_t cut,
-         int64_t threads) {
+      [](uintptr_t prob, uintptr_t p, int64_t n_p, int64_t n_rows, int64_t vocab, int32_t prob_bits, uintptr_t cut,
+         uintptr_t truncated, int64_t threads) {
+        if (n_p < 1 || n_rows % n_p != 0) throw std::invalid_argument("nucleus_cpu: n_rows is not a multiple of n_p");
         if (prob_bits == 32)
-          nucleus_cpu(as_ptr<const float>(prob), as_ptr<const float>(p), n_rows, vocab, as_ptr<float>(cut), threads);
+          nucleus_cpu(as_ptr<const float>(prob), as_ptr<const double>(p), n_p, n_rows, vocab, as_ptr<float>(cut),
+                      as_ptr<float>(truncated), threads);
         else
-          nucleus_cpu(as_ptr<const double>(prob), as_ptr<const double>(p), n_rows, vocab, as_ptr<double>(cut), threads);
+          nucleus_cpu(as_ptr<const double>(prob), as_ptr<const double>(p), n_p, n_rows, vocab, as_ptr<double>(cut),
+                      as_ptr<double>(truncated), threads);
       },
-      "cut[r] = the smallest probability top-p p[r] keeps of row r of prob [n_rows, vocab] (0 where p[r] >= 1), "
-      "as sampling.kept's sorted rule, on up to `threads` threads (nucleus.h)");
+      "cut[r] = the smallest probability top-p keeps of row r of prob [n_rows, vocab], its top-p p[r * n_p / n_rows] "
+      "(double, rounded to prob's type; 0 where that is >= 1), as sampling.kept's sorted rule; where `truncated` is "
+      "not 0, that row of prob zeroed below cut[r] too; on up to `threads` threads (nucleus.h)");
   m.def("philox_uniform", &philox_uniform, "u[i] of packed_ss.sampling.philox_uniform(seed, offset, n)");
   m.def("noise_uniform", &noise_uniform, "u of token x in the row (seed, position): sampling.exponential_noise's");
   m.def(

@@ -92,7 +92,9 @@ needs_native = pytest.mark.skipif(sampling.nucleus_cut(torch.ones(1, 2) / 2, tor
 def test_the_native_nucleus_cut_is_the_sorted_rules_bit_for_bit(dtype, vocab):
     """csrc/nucleus.h finds, without sorting the row, the threshold the sorted rule finds: on peaked, middling,
     flat and near-uniform rows, with ties (half a row at one value), zeros, and top_p from 0.1 to just below 1
-    (where the scan keeps every token of the bins whose sums reach it and gathers on) and 1."""
+    (where the scan keeps every token of the bins whose sums reach it and gathers on, and passes tiny values no
+    sum holds exactly) and 1; one setting for every row too. Asked to, it writes each row zeroed below its cut
+    (the bits of prob * kept)."""
     g = torch.Generator().manual_seed(vocab)
     scale = torch.tensor([8.0, 2.0, 0.5, 1e-3]).repeat_interleave(8)[:, None]
     logits = torch.randn(32, vocab, generator=g, dtype=dtype) * scale
@@ -100,9 +102,12 @@ def test_the_native_nucleus_cut_is_the_sorted_rules_bit_for_bit(dtype, vocab):
     prob = torch.softmax(logits, -1)
     prob[4:8, ::3] = 0.0
     top_p = torch.tensor([0.1, 0.5, 0.9, 0.95, 0.999, 1 - 1e-7, 1 - 1e-12, 1.0] * 4, dtype=dtype)
-    got = sampling.nucleus_cut(prob, top_p)
+    truncated = torch.empty_like(prob)
+    got = sampling.nucleus_cut(prob, top_p, truncated)
     assert got.dtype == dtype
     assert torch.equal(got, sorted_cut(prob, top_p))
+    assert torch.equal(truncated, prob * (prob >= got[:, None]))
+    assert torch.equal(sampling.nucleus_cut(prob, top_p[3:4]), sorted_cut(prob, top_p[3].expand(32)))
 
 
 @needs_native

@@ -120,10 +120,6 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     flat = prob.reshape(-1, vocab)
     limited = (top_k > 0) & (top_k < vocab)             # the requests [B] whose top-k truncates
     eager = host.reads_are_free(prob) and vocab > PARTIAL
-    if _top_p_alone(prob, top_k):                       # every row's cut is the native module's
-        cut = nucleus_cut(flat, top_p.reshape(-1))
-        if cut is not None:                             # (0, every token, where top_p is 1)
-            return (flat >= cut[:, None]).view(prob.shape)
     k = _each_row(torch.where(limited, top_k, vocab), prob)
     p = _each_row(top_p, prob).to(prob.dtype)
 

@@ -254,7 +254,8 @@ PYBIND11_MODULE(_epilogue, m) {
       "nucleus_cpu",
       [](uintptr_t prob, uintptr_t p, int64_t n_p, int64_t n_rows, int64_t vocab, int32_t prob_bits, uintptr_t cut,
          uintptr_t truncated, int64_t threads) {
-        if (n_p < 1 || n_rows % n_p != 0) throw std::invalid_argument("nucleus_cpu: n_rows is not a multiple of n_p");
+        if (n_rows > 0 && (n_p < 1 || n_rows % n_p != 0))
+          throw std::invalid_argument("nucleus_cpu: n_rows is not a multiple of n_p");
         if (prob_bits == 32)
           nucleus_cpu(as_ptr<const float>(prob), as_ptr<const double>(p), n_p, n_rows, vocab, as_ptr<float>(cut),
                       as_ptr<float>(truncated), threads);

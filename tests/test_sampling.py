@@ -108,6 +108,7 @@ def test_the_native_nucleus_cut_is_the_sorted_rules_bit_for_bit(dtype, vocab):
     assert torch.equal(got, sorted_cut(prob, top_p))
     assert torch.equal(truncated, prob * (prob >= got[:, None]))
     assert torch.equal(sampling.nucleus_cut(prob, top_p[3:4]), sorted_cut(prob, top_p[3].expand(32)))
+    assert sampling.nucleus_cut(prob[:0], top_p[:0]).shape == (0,)          # a call with no rows of this kind
 
 
 @needs_native

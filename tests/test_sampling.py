@@ -135,6 +135,8 @@ MIXES = {
               SamplingParams(1.0, top_p=1.0)],
     "greedy": [SamplingParams(), SamplingParams(1.0), SamplingParams(0.0, top_k=2, top_p=0.5),
                SamplingParams(1.0, top_k=4)],
+    "top-p beside the head": [SamplingParams(1.0, top_k=3), SamplingParams(0.7, top_p=0.95),
+                              SamplingParams(0.0, top_k=5), SamplingParams(1.0, top_p=0.5)],
     "all": [SamplingParams(), SamplingParams(1.0, top_k=2, top_p=0.5), SamplingParams(0.7, top_p=0.95),
             SamplingParams(1.3, top_k=70, top_p=0.99), SamplingParams(0.6), SamplingParams(1.0, top_k=64, top_p=0.8),
             SamplingParams(0.0, top_k=5)],

@@ -119,7 +119,7 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     vocab = prob.shape[-1]
     flat = prob.reshape(-1, vocab)
     limited = (top_k > 0) & (top_k < vocab)             # the requests [B] whose top-k truncates
-    eager = host.reads_are_free(prob) and vocab > PARTIAL
+    eager = _eager(prob)
     k = _each_row(torch.where(limited, top_k, vocab), prob)
     p = _each_row(top_p, prob).to(prob.dtype)
 
@@ -150,10 +150,16 @@ def kept(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.
     return (flat >= cut[:, None]).view(prob.shape)
 
 
-def _top_p_alone(prob: torch.Tensor, top_k: torch.Tensor) -> bool:
-    """Whether the native module may find every row's cut: eagerly on the CPU, no request's top-k truncating."""
-    vocab = prob.shape[-1]
-    return host.reads_are_free(prob) and vocab > PARTIAL and not any(0 < k < vocab for k in top_k.reshape(-1).tolist())
+def _eager(prob: torch.Tensor) -> bool:
+    """Whether `kept` cuts rows of prob [..., V] one by one (eagerly on the CPU, a vocabulary wider than PARTIAL)."""
+    return host.reads_are_free(prob) and prob.shape[-1] > PARTIAL
+
+
+def _nucleus_module(prob: torch.Tensor):
+    """The native module where it is built and cuts rows of prob's type (float32, float64), else None."""
+    from .epilogue.extension import native_module     # here: the epilogue package imports this module
+    mod = native_module()
+    return mod if mod is not None and prob.dtype in (torch.float32, torch.float64) else None
 
 
 def nucleus_cut(prob: torch.Tensor, top_p: torch.Tensor, truncated: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -162,9 +168,8 @@ def nucleus_cut(prob: torch.Tensor, top_p: torch.Tensor, truncated: torch.Tensor
     sorted rule's threshold bit for bit, without sorting the row); None where that module is not built or the rows
     are not float32 / float64. Given `truncated` (contiguous, like prob), the same pass writes prob zeroed below each
     row's cut into it."""
-    from .epilogue.extension import native_module     # here: the epilogue package imports this module
-    mod = native_module()
-    if mod is None or prob.dtype not in (torch.float32, torch.float64):
+    mod = _nucleus_module(prob)
+    if mod is None:
         return None
     prob, top_p = prob.contiguous(), top_p.to(torch.float64).contiguous()     # rounded to prob's type there
     cut = prob.new_empty(prob.shape[0])
@@ -174,14 +179,14 @@ def nucleus_cut(prob: torch.Tensor, top_p: torch.Tensor, truncated: torch.Tensor
     return cut
 
 
-def truncate(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def truncate(prob: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, top_k_truncates=True) -> torch.Tensor:
     """prob [B, ..., V] zeroed outside the tokens `kept` keeps: the bits of prob * kept(prob, top_k, top_p). Where
-    every row's cut is the native module's (`_top_p_alone`), the pass that finds a row's cut writes it, and no mask
-    is made."""
-    if _top_p_alone(prob, top_k):
+    the caller knows that no request's top-k truncates (`top_k_truncates` False) and every row's cut is the native
+    module's, the pass that finds a row's cut writes it, and no mask is made."""
+    if not top_k_truncates and _eager(prob) and _nucleus_module(prob) is not None:
         truncated = torch.empty_like(prob, memory_format=torch.contiguous_format)
-        if nucleus_cut(prob.reshape(-1, prob.shape[-1]), top_p.reshape(-1), truncated) is not None:
-            return truncated
+        nucleus_cut(prob.reshape(-1, prob.shape[-1]), top_p.reshape(-1), truncated)
+        return truncated
     return prob * kept(prob, top_k, top_p)
 
 
@@ -210,7 +215,7 @@ def truncated_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     are told on the host (`_taken`): the paths no request takes are skipped and a path every request takes needs
     no merge."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    whole, truncates, head, cold = _taken(sampling, host.reads_are_free(logits))
+    whole, truncates, head, cold, ranked = _taken(sampling, host.reads_are_free(logits))
     temperature = sampling.temperature
     if isinstance(cold, torch.Tensor):          # a cold request's rows divide by 1 (and are then replaced)
         temperature = torch.where(cold, 1.0, temperature)
@@ -219,7 +224,7 @@ def truncated_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     if whole is not None:
         prob = torch.softmax(logits / temperature, dim=-1)
         if truncates is not None:
-            cut = truncate(prob, sampling.top_k, sampling.top_p)
+            cut = truncate(prob, sampling.top_k, sampling.top_p, top_k_truncates=ranked is not None)
             cut = cut / cut.sum(-1, keepdim=True)
             prob = cut if truncates is True else torch.where(_per_row(truncates, prob), cut, prob)
         paths.append((whole, prob))
@@ -235,11 +240,12 @@ def truncated_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 
 def _paths(temperature, top_k, top_p) -> tuple:
     """Which path of truncated_probs requests take by their settings (tensors [B], or one request's numbers):
-    (whole, truncates, head, cold): the softmax over the vocabulary, and of those the ones top-k or top-p truncate;
-    the sorted head; the argmax."""
+    (whole, truncates, head, cold, ranked): the softmax over the vocabulary, and of those the ones top-k or top-p
+    truncate; the sorted head; the argmax; and the whole rows a top-k ranks (it truncates them where k < V)."""
     warm = temperature != 0
     whole = warm & ((top_k <= 0) | (top_k > PARTIAL))
-    return whole, whole & ((top_k > 0) | (top_p < 1)), warm & (top_k > 0) & (top_k <= PARTIAL), temperature == 0
+    head = warm & (top_k > 0) & (top_k <= PARTIAL)
+    return whole, whole & ((top_k > 0) | (top_p < 1)), head, temperature == 0, whole & (top_k > 0)
 
 
 def _taken(sampling: Sampling, eager: bool) -> tuple:

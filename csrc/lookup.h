@@ -1,4 +1,5 @@
-// The lookup drafter's continuation (packed_ss/decode/lookup.py `continuation`), row by row on the CPU.
+// The lookup drafter (packed_ss/decode/lookup.py), request by request on the CPU: the continuation, the draft
+// cut at its first stop, and the point mass that is a lookup draft's Q.
 //
 // Row b of hay [batch, length] (tokens >= 0, -1 for none) ends at end[b]. Its last n tokens, n from `ngrams`
 // (longest first), are looked up at every earlier end e <= end - 2, the most recent winning; the draft is
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace pss {
 
@@ -48,11 +50,39 @@ inline void lookup_row(const int64_t* hay, int64_t length, int64_t end, const in
   }
 }
 
-// Every row of a batch: hay [batch, length], end [batch] -> draft [batch, width], order [batch].
-inline void lookup_rows(const int64_t* hay, const int64_t* end, int64_t batch, int64_t length, const int64_t* ngrams,
-                        int64_t n_ngrams, int64_t width, int64_t* draft, int64_t* order) {
-  for (int64_t b = 0; b < batch; ++b)
-    lookup_row(hay + b * length, length, end[b], ngrams, n_ngrams, width, draft + b * width, order + b);
+// lookup.py's lookup_draft over a batch-major DecodeState, request by request: the sequence of request b is
+// context[b] [context_len] (-1 before the prompt) then out[b, :n_out[b]] (out [batch, out_len]), searched as one
+// row of context_len + out_len tokens that ends at context_len + n_out[b], without concatenating the batch; its
+// continuation (draft [batch, width], order [batch]) is cut after its first stop (any of stop_ids[b] [n_stop]):
+// length[b] counts the tokens up to and including it, else width.
+inline void lookup_draft_rows(const int64_t* context, int64_t context_len, const int64_t* out, int64_t out_len,
+                              const int64_t* n_out, const int64_t* stop_ids, int64_t n_stop, int64_t batch,
+                              const int64_t* ngrams, int64_t n_ngrams, int64_t width, int64_t* draft,
+                              int64_t* length, int64_t* order) {
+  std::vector<int64_t> hay(context_len + out_len);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::copy(context + b * context_len, context + (b + 1) * context_len, hay.begin());
+    std::copy(out + b * out_len, out + (b + 1) * out_len, hay.begin() + context_len);
+    int64_t* d = draft + b * width;
+    lookup_row(hay.data(), context_len + out_len, context_len + n_out[b], ngrams, n_ngrams, width, d, order + b);
+    const int64_t* stops = stop_ids + b * n_stop;
+    length[b] = width;
+    for (int64_t i = 0; i < width && length[b] == width; ++i)
+      if (std::find(stops, stops + n_stop, d[i]) != stops + n_stop) length[b] = i + 1;
+  }
+}
+
+// Epilogue.point_mass: a lookup draft's stored Q in the requests `rows` [batch] that take one: q_prob [batch,
+// width, support] (dense, idx = token) zeroed, then 1 on each draft token (a negative one: on token 0).
+template <typename T>
+inline void point_mass_rows(T* q_prob, const int64_t* draft, const bool* rows, int64_t batch, int64_t width,
+                            int64_t support) {
+  for (int64_t b = 0; b < batch; ++b) {
+    if (!rows[b]) continue;
+    T* q = q_prob + b * width * support;
+    std::fill(q, q + width * support, T(0));
+    for (int64_t i = 0; i < width; ++i) q[i * support + std::max<int64_t>(draft[b * width + i], 0)] = T(1);
+  }
 }
 
 }  // namespace pss

@@ -180,16 +180,36 @@ PYBIND11_MODULE(_epilogue, m) {
       .def_readonly("out_len", &State::out_len);
   def_step(m, "step_cpu", &run_cpu<float>, &run_cpu<double>);
   m.def(
-      "lookup_cpu",
-      [](uintptr_t hay, uintptr_t end, int64_t batch, int64_t length, const std::vector<int64_t>& ngrams,
-         int64_t width, uintptr_t draft, uintptr_t order) {
-        if (batch < 0 || length < 1 || width < 1) throw std::invalid_argument("lookup: bad batch / length / width");
+      "lookup_draft_cpu",
+      [](uintptr_t context, int64_t context_len, uintptr_t out, int64_t out_len, uintptr_t n_out, uintptr_t stop_ids,
+         int64_t n_stop, int64_t batch, const std::vector<int64_t>& ngrams, int64_t width, uintptr_t draft,
+         uintptr_t length, uintptr_t order) {
+        if (batch < 0 || context_len < 0 || out_len < 0 || context_len + out_len < 1 || n_stop < 0 || width < 1)
+          throw std::invalid_argument("lookup_draft: bad batch / context_len / out_len / n_stop / width");
         for (const int64_t n : ngrams)
-          if (n < 1 || n > kMaxNgram) throw std::invalid_argument("lookup: n-gram lengths must be 1 .. 8");
-        lookup_rows(as_ptr<const int64_t>(hay), as_ptr<const int64_t>(end), batch, length, ngrams.data(),
-                    static_cast<int64_t>(ngrams.size()), width, as_ptr<int64_t>(draft), as_ptr<int64_t>(order));
+          if (n < 1 || n > kMaxNgram) throw std::invalid_argument("lookup_draft: n-gram lengths must be 1 .. 8");
+        lookup_draft_rows(as_ptr<const int64_t>(context), context_len, as_ptr<const int64_t>(out), out_len,
+                          as_ptr<const int64_t>(n_out), as_ptr<const int64_t>(stop_ids), n_stop, batch, ngrams.data(),
+                          static_cast<int64_t>(ngrams.size()), width, as_ptr<int64_t>(draft),
+                          as_ptr<int64_t>(length), as_ptr<int64_t>(order));
       },
-      "lookup.py's continuation over contiguous int64 rows: (hay, end, batch, length, ngrams, width, draft, order)");
+      "lookup.py's lookup_draft over a state's contiguous int64 rows: (context, context_len, out, out_len, n_out, "
+      "stop_ids, n_stop, batch, ngrams, width, draft, length, order)");
+  m.def(
+      "point_mass_cpu",
+      [](uintptr_t q_prob, int32_t prob_bits, uintptr_t draft, uintptr_t rows, int64_t batch, int64_t width,
+         int64_t support) {
+        if (batch < 0 || width < 1 || support < 1)
+          throw std::invalid_argument("point_mass: bad batch / width / support");
+        if (prob_bits == 32)
+          point_mass_rows(as_ptr<float>(q_prob), as_ptr<const int64_t>(draft), as_ptr<const bool>(rows), batch, width,
+                          support);
+        else
+          point_mass_rows(as_ptr<double>(q_prob), as_ptr<const int64_t>(draft), as_ptr<const bool>(rows), batch,
+                          width, support);
+      },
+      "Epilogue.point_mass over contiguous rows: q_prob [batch, width, support] of the rows taking a lookup draft "
+      "(draft [batch, width]) zeroed, then 1 on each draft token (lookup.h)");
   m.def(
       "choose_cpu",
       [](uintptr_t costs, uintptr_t widths, uintptr_t masks, uintptr_t estimate, int64_t shapes, int64_t width,

@@ -8,11 +8,11 @@ import torch
 from tiny_models import checkpoint, hf_greedy
 
 import packed_ss
-from packed_ss.decode.lookup import CONTEXT, NGRAMS, continuation, lookup_draft
+from packed_ss.decode.lookup import CONTEXT, NGRAMS, lookup_draft
 from packed_ss.decode.sampling import SamplingParams
 from packed_ss.decode import registry
 from packed_ss.decode.registry import schedules
-from packed_ss.decode.epilogue import NativeEpilogue, native_available
+from packed_ss.decode.epilogue import NativeEpilogue, TorchEpilogue, native_available
 from packed_ss.decode.state import DecodeState
 
 
@@ -45,18 +45,18 @@ def state_of(prompt, out, width, stops=(), context=CONTEXT):
     return st
 
 
-def drafted(prompt, out, width, stops=(), context=CONTEXT, find=continuation):
-    draft, length, order = lookup_draft(state_of(prompt, out, width, stops, context), width, find)
+def drafted(prompt, out, width, stops=(), context=CONTEXT, find=lookup_draft):
+    draft, length, order = find(state_of(prompt, out, width, stops, context), width)
     return (draft[0, :length[0]].tolist(), order[0].item()) if order[0] else None
 
 
-def native_continuation(hay, end, width):
-    return NativeEpilogue("cpu", width, False).continuation(hay, end, width)
+def native_lookup_draft(st, width):
+    return NativeEpilogue("cpu", width, False).lookup_draft(st, width)
 
 
-FINDERS = [pytest.param(continuation, id="torch"),   # the continuation each epilogue drafts with
-           pytest.param(native_continuation, id="native", marks=pytest.mark.skipif(
-               not native_available("cpu"), reason="the native epilogue is not built"))]
+needs_native = pytest.mark.skipif(not native_available("cpu"), reason="the native epilogue is not built")
+FINDERS = [pytest.param(lookup_draft, id="torch"),   # the lookup draft each epilogue drafts with
+           pytest.param(native_lookup_draft, id="native", marks=needs_native)]
 
 
 EDGES = {   # name: (prompt, output, width, stops)
@@ -115,7 +115,7 @@ def test_random_sequences_match_the_reference(vocab, find):
     out_len = max(st.out.shape[1] for st in states)
     for st in states:
         st.out = torch.nn.functional.pad(st.out, (0, out_len - st.out.shape[1]), value=7)
-    draft, length, order = lookup_draft(DecodeState.cat(states), width, find)
+    draft, length, order = find(DecodeState.cat(states), width)
     got = [(draft[b, :length[b]].tolist(), order[b].item()) if order[b] else None for b in range(len(cases))]
     want = [reference(p, o, width, (0,), context=16) for p, o in cases]
     assert got == want
@@ -123,29 +123,66 @@ def test_random_sequences_match_the_reference(vocab, find):
 
 
 @pytest.mark.parametrize("find", FINDERS)
-def test_continuation_ignores_what_follows_the_end(find):
-    hay = torch.tensor([[1, 2, 1, 2, 5, 5, 5]])
-    draft, order = find(hay, torch.tensor([4]), 3)
-    assert order.item() == 2 and draft.tolist() == [[1, 2, 1]]
+def test_the_draft_ignores_what_follows_the_output(find):
+    st = state_of([], [1, 2, 1, 2, 5, 5, 5], 3)
+    st.n_out.fill_(4)
+    draft, length, order = find(st, 3)
+    assert order.item() == 2 and draft.tolist() == [[1, 2, 1]] and length.item() == 3
 
 
-@pytest.mark.skipif(not native_available("cpu"), reason="the native epilogue is not built")
-@pytest.mark.parametrize("vocab", [3, 8, 50])
-def test_the_native_continuation_is_the_torch_one(vocab):
-    """csrc/lookup.h against lookup.continuation on random batches: every row's draft and order alike, the rows
-    without a match (whose draft means nothing) and ends at 0, 1 and the full length included."""
-    gen, orders = torch.Generator().manual_seed(vocab), []
-    for batch, length, width in [(1, 1, 1), (3, 7, 4), (16, 40, 8), (5, 300, 16)]:
-        hay = torch.randint(0, vocab, (batch, length), generator=gen)
-        hay[:, :torch.randint(0, length // 4 + 1, ()).item()] = -1             # a context shorter than its room
-        end = torch.randint(0, length + 1, (batch,), generator=gen)
-        end[0] = length
-        want = continuation(hay, end, width)
-        got = native_continuation(hay, end, width)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        orders.append(want[1])
+def random_states(gen, vocab, batch, context, out_len, width):
+    """A batch of states with random prompts (some shorter than the context's room, -1 before them), outputs of
+    every length from 0 to out_len (random tokens after each end), and two stop ids each."""
+    states = []
+    for _ in range(batch):
+        prompt = torch.randint(0, vocab, (int(torch.randint(0, context + 1, (), generator=gen)),), generator=gen)
+        stops = torch.randint(0, vocab, (2,), generator=gen).tolist()
+        st = DecodeState.new(width, 1, out_len, stops, 0, "cpu", out_len=out_len, stop_slots=2,
+                             context=prompt.tolist(), context_len=context)
+        st.out.copy_(torch.randint(0, vocab, st.out.shape, generator=gen))
+        st.n_out.fill_(int(torch.randint(0, out_len + 1, (), generator=gen)))
+        states.append(st)
+    return DecodeState.cat(states)
+
+
+@needs_native
+@pytest.mark.parametrize("vocab", [3, 8, 20])
+def test_the_native_lookup_draft_is_the_torch_one(vocab):
+    """csrc/lookup.h against lookup.lookup_draft on random batches: every request's draft, length and order alike,
+    the requests without a match (whose draft means nothing), drafts cut at a stop, and outputs of no token, of
+    one and full ones included."""
+    gen, orders, lengths = torch.Generator().manual_seed(vocab), [], []
+    for batch, context, out_len, width in [(1, 1, 1, 1), (3, 7, 4, 4), (16, 40, 30, 8), (5, 300, 64, 16)]:
+        st = random_states(gen, vocab, batch, context, out_len, width)
+        want = lookup_draft(st, width)
+        got = native_lookup_draft(st, width)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        orders.append(want[2])
+        lengths.append(want[1][want[2] > 0] < width)
     orders = torch.cat(orders)
     assert (orders == 0).any() and (orders == 1).any() and (orders > 1).any()      # every kind of row
+    assert torch.cat(lengths).any()                                                # drafts cut at a stop
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_native_point_mass_is_the_torch_one(dtype):
+    """csrc/lookup.h's point mass writes the stored Q of the requests that take a lookup draft (zeroed, 1 on each
+    draft token, a negative one on token 0) and leaves the others' as they were, as the torch ops do."""
+    gen = torch.Generator().manual_seed(0)
+    width, support, batch = 4, 50, 6
+    st = DecodeState.new(width, support, 8, (), 0, "cpu", q_dtype=dtype)
+    st = DecodeState.cat([st] * batch)
+    st.q_prob.copy_(torch.rand(st.q_prob.shape, generator=gen, dtype=dtype))
+    draft = torch.randint(-1, support, (batch, width), generator=gen)
+    rows = torch.tensor([True, False, True, True, False, True])
+    before = st.q_prob.clone()
+    TorchEpilogue("cpu", width, True).point_mass(st, draft, rows)
+    want, st.q_prob = st.q_prob, before.clone()
+    NativeEpilogue("cpu", width, True).point_mass(st, draft, rows)
+    assert torch.equal(st.q_prob, want)
+    assert torch.equal(want[~rows], before[~rows]) and torch.equal(want[rows].sum(-1), torch.ones(4, width, dtype=dtype))
+    assert (draft < 0).any()
 
 
 # -- decoding with lookup drafts ------------------------------------------------------------------------------------

@@ -55,11 +55,11 @@ def continuation(hay: torch.Tensor, end: torch.Tensor, width: int, ngrams=NGRAMS
     return hay.gather(1, src.clamp(0, length - 1)), order
 
 
-def lookup_draft(st, width: int, find=continuation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(draft [B, W], length [B], order [B]) for a DecodeState: the continuation (by `find`, the torch one here or
-    an epilogue's), cut after its first stop, and the order of its match (0: none found)."""
+def lookup_draft(st, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(draft [B, W], length [B], order [B]) for a DecodeState: the continuation, cut after its first stop, and the
+    order of its match (0: none found)."""
     hay = torch.cat([st.context, st.out], 1)
-    draft, order = find(hay, st.context.shape[1] + st.n_out, width)
+    draft, order = continuation(hay, st.context.shape[1] + st.n_out, width)
     is_stop = (draft[:, :, None] == st.stop_ids[:, None, :]).any(-1)
     length = torch.where(is_stop.any(1), is_stop.long().argmax(1) + 1, width)
     return draft, length, order

@@ -4,7 +4,8 @@ A decode step ends with acceptance, the correction or bonus draw, emit with the 
 length advance and the retain of the proposal suffix with its Q. Two objects implement it with the same
 calls and bit-identical results: `TorchEpilogue` (plain torch, the reference; it compiles with
 torch.compile) and `NativeEpilogue` (csrc/, one call per step). A schedule holds one of them and has a
-single update path. After the step, the next lookup draft (`continuation`) and the adaptive schedule's policy
+single update path. After the step, the next lookup draft (`lookup_draft`, a point mass `point_mass` when
+sampled) and the adaptive schedule's policy
 (its statistics: `observe`, `score_lookup`, `prefers_lookup`; its choice: `choose`) go through the epilogue too:
 the native one runs them in C++ on the CPU (csrc/lookup.h, policy.h), where a few dozen small torch ops each would
 cost more than the rest of the step.
@@ -21,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from ... import host
-from ..lookup import continuation
+from ..lookup import lookup_draft
 from ..sampling import Sampling, truncated_probs
 from ..state import DecodeState, stop_at_sequences
 
@@ -91,9 +92,16 @@ class Epilogue:
             return Rows(arg=logits.argmax(-1), vocab=vocab)
         return Rows(prob=truncated_probs(logits, sampling).contiguous(), vocab=vocab)
 
-    def continuation(self, hay: torch.Tensor, end: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The lookup drafter's continuation of each row (lookup.continuation), for the next step's draft."""
-        return continuation(hay, end, width)
+    def lookup_draft(self, st: DecodeState, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next lookup draft of each request, its length and its match's order (lookup.lookup_draft)."""
+        return lookup_draft(st, width)
+
+    def point_mass(self, st: DecodeState, draft: torch.Tensor, rows: torch.Tensor) -> None:
+        """A lookup draft's stored Q, in place in the `rows` [B] that take one: all mass on each draft token (the
+        dense layout, idx = token, written once by Schedule.new_state)."""
+        st.q_prob.masked_fill_(rows[:, None, None], 0.0)
+        at = draft.clamp(min=0)[:, :, None]
+        st.q_prob.scatter_(2, at, torch.where(rows[:, None, None], 1.0, st.q_prob.gather(2, at)))
 
     def observe(self, policy, st, ran: torch.Tensor, emitted: torch.Tensor, verified_lookup: torch.Tensor,
                 passive: torch.Tensor | None = None) -> None:

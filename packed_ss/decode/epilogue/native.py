@@ -90,17 +90,29 @@ class NativeEpilogue(Epilogue):
         self.res, self.emitted, self.n_accept = res, res[:, :self.block], res[:, self.block]
         return res
 
-    def continuation(self, hay: torch.Tensor, end: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """On the CPU, csrc/lookup.h row by row; on CUDA, and in a step being compiled, the torch ops (captured or
-        fused with the rest of the step)."""
+    def lookup_draft(self, st: DecodeState, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """On the CPU, csrc/lookup.h request by request (the context and the output read where they are); on CUDA,
+        and in a step being compiled, the torch ops (captured or fused with the rest of the step)."""
         if self.cuda or torch.compiler.is_compiling():
-            return super().continuation(hay, end, width)
-        hay, end = hay.contiguous(), end.contiguous()
-        draft = torch.empty(hay.shape[0], width, dtype=torch.int64)
-        order = torch.empty(hay.shape[0], dtype=torch.int64)
-        self.mod.lookup_cpu(hay.data_ptr(), end.data_ptr(), hay.shape[0], hay.shape[1], NGRAMS, width,
-                            draft.data_ptr(), order.data_ptr())
-        return draft, order
+            return super().lookup_draft(st, width)
+        _check_contiguous(st.context, st.out, st.n_out, st.stop_ids)
+        draft = torch.empty(st.batch, width, dtype=torch.int64)
+        length, order = torch.empty(st.batch, dtype=torch.int64), torch.empty(st.batch, dtype=torch.int64)
+        self.mod.lookup_draft_cpu(st.context.data_ptr(), st.context.shape[1], st.out.data_ptr(), st.out.shape[1],
+                                  st.n_out.data_ptr(), st.stop_ids.data_ptr(), st.stop_ids.shape[1], st.batch, NGRAMS,
+                                  width, draft.data_ptr(), length.data_ptr(), order.data_ptr())
+        return draft, length, order
+
+    def point_mass(self, st: DecodeState, draft: torch.Tensor, rows: torch.Tensor) -> None:
+        """On the CPU, csrc/lookup.h writes only the rows that take a lookup draft; elsewhere the torch ops."""
+        if self.cuda or torch.compiler.is_compiling():
+            return super().point_mass(st, draft, rows)
+        draft, rows = _contiguous(draft, rows)
+        _check_contiguous(st.q_prob)
+        if draft.shape[1] != st.q_prob.shape[1]:
+            raise ValueError(f"point_mass: the draft is {draft.shape[1]} wide, the stored Q {st.q_prob.shape[1]}")
+        self.mod.point_mass_cpu(st.q_prob.data_ptr(), 8 * st.q_prob.element_size(), draft.data_ptr(), rows.data_ptr(),
+                                st.batch, draft.shape[1], st.q_prob.shape[2])
 
     def _torch_policy(self, policy, method: str) -> bool:
         """Whether the policy's `method` runs as torch ops: on CUDA, in a step being compiled, and for a policy

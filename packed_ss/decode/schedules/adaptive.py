@@ -17,7 +17,6 @@ QUIET, the last): the AR call, an empty draft verified, and nothing else.
 """
 import torch
 
-from ..lookup import lookup_draft
 from ..policy import AR, Policy, Shape
 from .base import Schedule, Step, layout
 
@@ -100,7 +99,7 @@ class Adaptive(Schedule):
         rejoin unchanged, and the policy scores the lookup draft and chooses."""
         passive = torch.zeros_like(st.done) if passive is None else passive
         if self.looks_up:
-            draft, length, order = lookup_draft(st, self.width, self.epilogue.continuation)
+            draft, length, order = self.epilogue.lookup_draft(st, self.width)
         else:
             draft, length, order = st.draft, st.draft_len, torch.zeros_like(st.draft_len)
         found = order > 0
@@ -110,7 +109,7 @@ class Adaptive(Schedule):
                   draft_len=torch.where(lookup, length, torch.where(keep & ~passive, st.draft_len, 0)),
                   lookup_draft=lookup)
         if self.sampled and self.looks_up:
-            self.point_mass(st, draft, lookup & ~st.done)
+            self.epilogue.point_mass(st, draft, lookup & ~st.done)
         if self.looks_up:
             self.epilogue.score_lookup(self.policy, st, draft, length, order, passive)
         if held is not None:

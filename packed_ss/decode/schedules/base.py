@@ -8,7 +8,7 @@ from ...runtime import ModelInput, Request, Step
 from ...runtime.program import Program
 from ...runtime.staging import staged
 from ..epilogue import Epilogue
-from ..lookup import CONTEXT, drafts_by_lookup, lookup_draft
+from ..lookup import CONTEXT, drafts_by_lookup
 from ..state import DecodeState, q_dtype
 
 DRAFT_SOURCES = ("diffusion", "lookup", "both")
@@ -84,21 +84,13 @@ class Schedule(Program):
         where one is found ("both"), or is the only draft ("lookup"); a lookup draft's Q is a point mass."""
         if not self.looks_up:
             return
-        draft, length, order = lookup_draft(st, self.width, self.epilogue.continuation)
+        draft, length, order = self.epilogue.lookup_draft(st, self.width)
         found = order > 0
         otherwise = st.draft_len if self.draft_source == "both" else torch.zeros_like(st.draft_len)
         st.assign(~st.done, draft=torch.where(found[:, None], draft, st.draft),
                   draft_len=torch.where(found, length, otherwise))
         if self.sampled:
-            self.point_mass(st, draft, found & ~st.done)
-
-    @staticmethod
-    def point_mass(st: DecodeState, draft: torch.Tensor, rows: torch.Tensor) -> None:
-        """A lookup draft's stored Q, in place in the `rows` [B] that take one: all mass on each draft token (the
-        dense layout, idx = token, written once by new_state)."""
-        st.q_prob.masked_fill_(rows[:, None, None], 0.0)
-        at = draft.clamp(min=0)[:, :, None]
-        st.q_prob.scatter_(2, at, torch.where(rows[:, None, None], 1.0, st.q_prob.gather(2, at)))
+            self.epilogue.point_mass(st, draft, found & ~st.done)
 
     # -- the first call: prompt (causal, cached) plus W+1 masks (paper E.2) ---------------------------
     def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:

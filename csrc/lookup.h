@@ -72,16 +72,53 @@ inline void lookup_draft_rows(const int64_t* context, int64_t context_len, const
   }
 }
 
-// Epilogue.point_mass: a lookup draft's stored Q in the requests `rows` [batch] that take one: q_prob [batch,
-// width, support] (dense, idx = token) zeroed, then 1 on each draft token (a negative one: on token 0).
+// A lookup draft's stored Q in one request's rows q [width, support] (dense, idx = token): zeroed, then 1 on each
+// draft token (a negative one: on token 0).
+template <typename T>
+inline void point_mass_row(T* q, const int64_t* draft, int64_t width, int64_t support) {
+  std::fill(q, q + width * support, T(0));
+  for (int64_t i = 0; i < width; ++i) q[i * support + std::max<int64_t>(draft[i], 0)] = T(1);
+}
+
+// Epilogue.point_mass: the point mass Q of the requests `rows` [batch] that take a lookup draft [batch, width].
 template <typename T>
 inline void point_mass_rows(T* q_prob, const int64_t* draft, const bool* rows, int64_t batch, int64_t width,
                             int64_t support) {
-  for (int64_t b = 0; b < batch; ++b) {
-    if (!rows[b]) continue;
-    T* q = q_prob + b * width * support;
-    std::fill(q, q + width * support, T(0));
-    for (int64_t i = 0; i < width; ++i) q[i * support + std::max<int64_t>(draft[b * width + i], 0)] = T(1);
+  for (int64_t b = 0; b < batch; ++b)
+    if (rows[b]) point_mass_row(q_prob + b * width * support, draft + b * width, width, support);
+}
+
+// Epilogue.take_lookup, request by request: an unfinished request takes its lookup draft (draft [batch, width],
+// length) where one was found (order > 0), it is preferred to the proposals its call kept or none were kept, and
+// the request is not quiet (passive), with a point mass Q where q_prob is given; otherwise it keeps its proposals
+// where it kept them and is not quiet, else it has no draft. lookup_draft says which took a lookup draft.
+struct TakeLookup {
+  const int64_t* draft;      // [B, W]
+  const int64_t* length;     // [B]
+  const int64_t* order;      // [B]
+  const bool* preferred;     // [B]
+  const bool* keep;          // [B]
+  const bool* passive;       // [B]
+  const bool* done;          // [B]
+  int64_t* st_draft;         // [B, W]
+  int64_t* st_draft_len;     // [B]
+  bool* lookup_draft;        // [B]
+  int64_t batch, width;
+};
+
+template <typename T>
+inline void take_lookup_rows(const TakeLookup& a, T* q_prob, int64_t support) {
+  for (int64_t b = 0; b < a.batch; ++b) {
+    if (a.done[b]) continue;
+    const bool lookup = a.order[b] > 0 && (a.preferred[b] || !a.keep[b]) && !a.passive[b];
+    if (lookup) {
+      std::copy(a.draft + b * a.width, a.draft + (b + 1) * a.width, a.st_draft + b * a.width);
+      a.st_draft_len[b] = a.length[b];
+      if (q_prob) point_mass_row(q_prob + b * a.width * support, a.draft + b * a.width, a.width, support);
+    } else if (!a.keep[b] || a.passive[b]) {
+      a.st_draft_len[b] = 0;
+    }
+    a.lookup_draft[b] = lookup;
   }
 }
 

@@ -211,6 +211,24 @@ PYBIND11_MODULE(_epilogue, m) {
       "Epilogue.point_mass over contiguous rows: q_prob [batch, width, support] of the rows taking a lookup draft "
       "(draft [batch, width]) zeroed, then 1 on each draft token (lookup.h)");
   m.def(
+      "take_lookup_cpu",
+      [](uintptr_t draft, uintptr_t length, uintptr_t order, uintptr_t preferred, uintptr_t keep, uintptr_t passive,
+         uintptr_t done, uintptr_t st_draft, uintptr_t st_draft_len, uintptr_t lookup_draft, int64_t batch,
+         int64_t width, uintptr_t q_prob, int32_t prob_bits, int64_t support) {
+        if (batch < 0 || width < 1 || (q_prob && support < 1))
+          throw std::invalid_argument("take_lookup: bad batch / width / support");
+        const TakeLookup a{as_ptr<const int64_t>(draft), as_ptr<const int64_t>(length), as_ptr<const int64_t>(order),
+                           as_ptr<const bool>(preferred), as_ptr<const bool>(keep), as_ptr<const bool>(passive),
+                           as_ptr<const bool>(done), as_ptr<int64_t>(st_draft), as_ptr<int64_t>(st_draft_len),
+                           as_ptr<bool>(lookup_draft), batch, width};
+        if (prob_bits == 32)
+          take_lookup_rows(a, as_ptr<float>(q_prob), support);
+        else
+          take_lookup_rows(a, as_ptr<double>(q_prob), support);
+      },
+      "Epilogue.take_lookup over contiguous rows: (draft, length, order, preferred, keep, passive, done, the state's "
+      "draft, draft_len and lookup_draft, batch, width, q_prob or 0, its bits, support) (lookup.h)");
+  m.def(
       "choose_cpu",
       [](uintptr_t costs, uintptr_t widths, uintptr_t masks, uintptr_t estimate, int64_t shapes, int64_t width,
          int64_t orders, int64_t packed, double row, double call, double margin, int64_t cost_batch, int64_t doze,

@@ -568,6 +568,43 @@ def test_the_native_choice_is_the_torch_one(drafts, per_request):
 
 
 @pytest.mark.skipif(not native_available("cpu"), reason="the native epilogue is not built")
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_the_native_take_lookup_is_the_torch_one(point_mass):
+    """csrc/lookup.h against Epilogue.take_lookup on random rows, lookup drafts found or not, preferred or not,
+    proposals kept or not, quiet and finished requests, at batch sizes 1 to 33: the same drafts, lengths, lookup
+    flags and stored Q, bit for bit; requests take lookup drafts, keep their proposals and drop them."""
+    from packed_ss.decode.state import DecodeState
+    gen = torch.Generator().manual_seed(int(point_mass))
+    width, support = 8, 40
+    policy = Policy.from_profile(shapes_for(width, "both"), None)
+    took = kept = dropped = 0
+    for trial in range(12):
+        batch = [1, 2, 5, 8, 9, 33][trial % 6]
+        one = policy.new_state(DecodeState.new(width, support, 16, [], 0, "cpu", q_dtype=torch.float32))
+        st = type(one).cat([one] * batch)
+        st.draft.copy_(torch.randint(0, support, st.draft.shape, generator=gen))
+        st.draft_len.copy_(torch.randint(0, width + 1, (batch,), generator=gen))
+        st.q_prob.copy_(torch.rand(st.q_prob.shape, generator=gen))
+        st.lookup_draft.copy_(torch.rand(batch, generator=gen) < 0.5)
+        st.done.copy_(torch.rand(batch, generator=gen) < 0.2)
+        draft = torch.randint(-1, support, (batch, width), generator=gen)
+        length = torch.randint(1, width + 1, (batch,), generator=gen)
+        order = torch.randint(0, 5, (batch,), generator=gen)
+        preferred, keep, passive = (torch.rand(batch, generator=gen) < p for p in (0.5, 0.5, 0.2))
+        want = type(st).cat([st])
+        torch_epilogue.TorchEpilogue("cpu", width, True).take_lookup(want, draft, length, order, preferred, keep,
+                                                                      passive, point_mass)
+        NativeEpilogue("cpu", width, True).take_lookup(st, draft, length, order, preferred, keep, passive, point_mass)
+        for name in ("draft", "draft_len", "lookup_draft", "q_prob", "done"):
+            assert torch.equal(getattr(st, name), getattr(want, name)), (trial, name)
+        live, lookup = ~want.done, want.lookup_draft
+        took += int((live & lookup).sum())
+        kept += int((live & ~lookup & keep & ~passive).sum())
+        dropped += int((live & ~lookup & (~keep | passive)).sum())
+    assert took and kept and dropped
+
+
+@pytest.mark.skipif(not native_available("cpu"), reason="the native epilogue is not built")
 @pytest.mark.parametrize("drafts", ["lookup", "both"])
 def test_the_native_statistics_are_the_torch_ones(drafts):
     """csrc/policy.h against Policy.prefers_lookup, Policy.observe and Policy.score_lookup on random statistics,

@@ -103,6 +103,20 @@ class Epilogue:
         at = draft.clamp(min=0)[:, :, None]
         st.q_prob.scatter_(2, at, torch.where(rows[:, None, None], 1.0, st.q_prob.gather(2, at)))
 
+    def take_lookup(self, st: DecodeState, draft: torch.Tensor, length: torch.Tensor, order: torch.Tensor,
+                    preferred: torch.Tensor, keep: torch.Tensor, passive: torch.Tensor, point_mass: bool) -> None:
+        """The adaptive schedule's next draft (Adaptive.redraft): an unfinished request takes its lookup `draft`
+        [B, W] (`length`) where one was found (`order` > 0), it is `preferred` to the proposals its call kept or none
+        were kept (`keep`), and the request is not quiet (`passive`), with a point mass Q if `point_mass`; otherwise
+        it keeps its proposals where it kept them and is not quiet, else it has no draft. `st.lookup_draft` says
+        which requests took a lookup draft."""
+        lookup = (order > 0) & (preferred | ~keep) & ~passive
+        st.assign(~st.done, draft=torch.where(lookup[:, None], draft, st.draft),
+                  draft_len=torch.where(lookup, length, torch.where(keep & ~passive, st.draft_len, 0)),
+                  lookup_draft=lookup)
+        if point_mass:
+            self.point_mass(st, draft, lookup & ~st.done)
+
     def observe(self, policy, st, ran: torch.Tensor, emitted: torch.Tensor, verified_lookup: torch.Tensor,
                 passive: torch.Tensor | None = None) -> None:
         """The adaptive schedule's diffusion estimates after the step (policy.Policy.observe)."""

@@ -114,6 +114,19 @@ class NativeEpilogue(Epilogue):
         self.mod.point_mass_cpu(st.q_prob.data_ptr(), 8 * st.q_prob.element_size(), draft.data_ptr(), rows.data_ptr(),
                                 st.batch, draft.shape[1], st.q_prob.shape[2])
 
+    def take_lookup(self, st: DecodeState, draft: torch.Tensor, length: torch.Tensor, order: torch.Tensor,
+                    preferred: torch.Tensor, keep: torch.Tensor, passive: torch.Tensor, point_mass: bool) -> None:
+        """On the CPU, csrc/lookup.h request by request; on CUDA, and in a step being compiled, the torch ops."""
+        if self.cuda or torch.compiler.is_compiling():
+            return super().take_lookup(st, draft, length, order, preferred, keep, passive, point_mass)
+        if draft.shape[1] != st.draft.shape[1]:
+            raise ValueError(f"take_lookup: the draft is {draft.shape[1]} wide, the state's {st.draft.shape[1]}")
+        rows = _contiguous(draft, length, order, preferred, keep, passive)
+        _check_contiguous(st.done, st.draft, st.draft_len, st.lookup_draft, *([st.q_prob] if point_mass else []))
+        self.mod.take_lookup_cpu(*(t.data_ptr() for t in (*rows, st.done, st.draft, st.draft_len, st.lookup_draft)),
+                                 st.batch, draft.shape[1], st.q_prob.data_ptr() if point_mass else 0,
+                                 8 * st.q_prob.element_size(), st.q_prob.shape[2])
+
     def _torch_policy(self, policy, method: str) -> bool:
         """Whether the policy's `method` runs as torch ops: on CUDA, in a step being compiled, and for a policy
         that does it its own way (a subclass's); on the CPU otherwise csrc/policy.h does it, the same float32

@@ -102,14 +102,9 @@ class Adaptive(Schedule):
             draft, length, order = self.epilogue.lookup_draft(st, self.width)
         else:
             draft, length, order = st.draft, st.draft_len, torch.zeros_like(st.draft_len)
-        found = order > 0
-        keep = torch.zeros_like(found) if keep is None else keep
-        lookup = found & (self.epilogue.prefers_lookup(self.policy, st, length, order) | ~keep) & ~passive
-        st.assign(~st.done, draft=torch.where(lookup[:, None], draft, st.draft),
-                  draft_len=torch.where(lookup, length, torch.where(keep & ~passive, st.draft_len, 0)),
-                  lookup_draft=lookup)
-        if self.sampled and self.looks_up:
-            self.epilogue.point_mass(st, draft, lookup & ~st.done)
+        keep = torch.zeros_like(st.done) if keep is None else keep
+        preferred = self.epilogue.prefers_lookup(self.policy, st, length, order)
+        self.epilogue.take_lookup(st, draft, length, order, preferred, keep, passive, self.sampled and self.looks_up)
         if self.looks_up:
             self.epilogue.score_lookup(self.policy, st, draft, length, order, passive)
         if held is not None:

@@ -5,6 +5,7 @@ by a wrapper (so the parts include the wrappers' few us). Parts that a checkout 
     cd /tmp && python update_parts.py 0
 """
 import collections
+import inspect
 import sys
 import time
 
@@ -36,15 +37,17 @@ def timed(owner, name, key=None):
         spent[key or name][0] += 1
         spent[key or name][1] += time.perf_counter() - t
         return out
-    setattr(owner, name, g)
+    setattr(owner, name, staticmethod(g) if isinstance(inspect.getattr_static(owner, name), staticmethod) else g)
 
 
-for name in ("score_lookup", "observe", "prefers_lookup", "choose", "continuation", "step", "rows"):
+for name in ("score_lookup", "observe", "prefers_lookup", "choose", "continuation", "lookup_draft", "point_mass",
+             "step", "rows"):
     timed(NativeEpilogue, name, f"epilogue.{name}")
 for name in ("score_lookup", "observe", "prefers_lookup", "covers"):
     timed(Policy, name, f"policy.{name}")
 timed(adaptive.Adaptive, "redraft")
 timed(adaptive, "lookup_draft")
+timed(adaptive.Adaptive, "point_mass")
 build = adaptive.Adaptive._update
 
 

@@ -1,9 +1,11 @@
-"""The shipped model, `packed` W = 3 with diffusion drafts and `ar`, batch 1, HumanEval prompts 8-23, 128 tokens, no
-EOS: ms per iteration (Batch.iterate: the model call and the whole step, no prefill) greedy, at T = 1 and at T = 0.7 /
-top-p 0.95, the settings taking turns prompt by prompt, two rounds.
+"""The shipped model, `packed` W = 3 with diffusion drafts and `ar` (or the engines named: "packed", "ar", "default",
+"lookup" for `lookup` W = 8), batch 1, HumanEval prompts 8-23, 128 tokens, no EOS: ms per iteration (Batch.iterate:
+the model call and the whole step, no prefill) greedy, at T = 1 and at T = 0.7 / top-p 0.95, the settings taking
+turns prompt by prompt, two rounds.
 
-    cd /tmp && python iteration_cost.py
+    cd /tmp && python iteration_cost.py [default lookup]
 """
+import sys
 import collections
 import time
 
@@ -16,8 +18,10 @@ from packed_ss.runtime.batch import Batch
 torch.set_num_threads(2)
 model = packed_ss.load_model()
 ids = [ids for _, ids in tokenized_prompts(packed_ss.load_tokenizer(), 24)][8:24]
-engines = {"packed W=3": packed_ss.Engine(model, schedule="packed", width=3, drafts="diffusion"),
-           "ar": packed_ss.Engine(model, schedule="ar")}
+made = {"packed": ("packed W=3", dict(schedule="packed", width=3, drafts="diffusion")),
+        "ar": ("ar", dict(schedule="ar")), "default": ("default", {}),
+        "lookup": ("lookup W=8", dict(schedule="lookup", width=8))}
+engines = {made[name][0]: packed_ss.Engine(model, **made[name][1]) for name in sys.argv[1:] or ["packed", "ar"]}
 settings = {"greedy": {}, "T = 1": dict(temperature=1.0), "T = 0.7 / top-p 0.95": dict(temperature=0.7, top_p=0.95)}
 iterate, spent = Batch.iterate, []
 

@@ -91,7 +91,7 @@ inline void point_mass_rows(T* q_prob, const int64_t* draft, const bool* rows, i
 // Epilogue.take_lookup, request by request: an unfinished request takes its lookup draft (draft [batch, width],
 // length) where one was found (order > 0), it is preferred to the proposals its call kept or none were kept, and
 // the request is not quiet (passive), with a point mass Q where q_prob is given; otherwise it keeps its proposals
-// where it kept them and is not quiet, else it has no draft. lookup_draft says which took a lookup draft.
+// where it kept them and is not quiet, else it has no draft. lookup_draft (or null) says which took a lookup draft.
 struct TakeLookup {
   const int64_t* draft;      // [B, W]
   const int64_t* length;     // [B]
@@ -102,7 +102,7 @@ struct TakeLookup {
   const bool* done;          // [B]
   int64_t* st_draft;         // [B, W]
   int64_t* st_draft_len;     // [B]
-  bool* lookup_draft;        // [B]
+  bool* lookup_draft;        // [B] or null
   int64_t batch, width;
 };
 
@@ -118,7 +118,7 @@ inline void take_lookup_rows(const TakeLookup& a, T* q_prob, int64_t support) {
     } else if (!a.keep[b] || a.passive[b]) {
       a.st_draft_len[b] = 0;
     }
-    a.lookup_draft[b] = lookup;
+    if (a.lookup_draft) a.lookup_draft[b] = lookup;
   }
 }
 

@@ -568,11 +568,13 @@ def test_the_native_choice_is_the_torch_one(drafts, per_request):
 
 
 @pytest.mark.skipif(not native_available("cpu"), reason="the native epilogue is not built")
+@pytest.mark.parametrize("flags", [True, False], ids=["adaptive-state", "fixed-state"])
 @pytest.mark.parametrize("point_mass", [False, True])
-def test_the_native_take_lookup_is_the_torch_one(point_mass):
+def test_the_native_take_lookup_is_the_torch_one(point_mass, flags):
     """csrc/lookup.h against Epilogue.take_lookup on random rows, lookup drafts found or not, preferred or not,
     proposals kept or not, quiet and finished requests, at batch sizes 1 to 33: the same drafts, lengths, lookup
-    flags and stored Q, bit for bit; requests take lookup drafts, keep their proposals and drop them."""
+    flags and stored Q, bit for bit; requests take lookup drafts, keep their proposals and drop them. A fixed
+    schedule's state has no lookup flags (Schedule.redraft): the rest is the same."""
     from packed_ss.decode.state import DecodeState
     gen = torch.Generator().manual_seed(int(point_mass))
     width, support = 8, 40
@@ -580,12 +582,14 @@ def test_the_native_take_lookup_is_the_torch_one(point_mass):
     took = kept = dropped = 0
     for trial in range(12):
         batch = [1, 2, 5, 8, 9, 33][trial % 6]
-        one = policy.new_state(DecodeState.new(width, support, 16, [], 0, "cpu", q_dtype=torch.float32))
+        one = DecodeState.new(width, support, 16, [], 0, "cpu", q_dtype=torch.float32)
+        one = policy.new_state(one) if flags else one
         st = type(one).cat([one] * batch)
         st.draft.copy_(torch.randint(0, support, st.draft.shape, generator=gen))
         st.draft_len.copy_(torch.randint(0, width + 1, (batch,), generator=gen))
         st.q_prob.copy_(torch.rand(st.q_prob.shape, generator=gen))
-        st.lookup_draft.copy_(torch.rand(batch, generator=gen) < 0.5)
+        if flags:
+            st.lookup_draft.copy_(torch.rand(batch, generator=gen) < 0.5)
         st.done.copy_(torch.rand(batch, generator=gen) < 0.2)
         draft = torch.randint(-1, support, (batch, width), generator=gen)
         length = torch.randint(1, width + 1, (batch,), generator=gen)
@@ -595,9 +599,11 @@ def test_the_native_take_lookup_is_the_torch_one(point_mass):
         torch_epilogue.TorchEpilogue("cpu", width, True).take_lookup(want, draft, length, order, preferred, keep,
                                                                       passive, point_mass)
         NativeEpilogue("cpu", width, True).take_lookup(st, draft, length, order, preferred, keep, passive, point_mass)
-        for name in ("draft", "draft_len", "lookup_draft", "q_prob", "done"):
+        for name in ("draft", "draft_len", "q_prob", "done") + (("lookup_draft",) if flags else ()):
             assert torch.equal(getattr(st, name), getattr(want, name)), (trial, name)
-        live, lookup = ~want.done, want.lookup_draft
+        live, lookup = ~want.done, (order > 0) & (preferred | ~keep) & ~passive
+        if flags:
+            assert torch.equal(want.lookup_draft[live], lookup[live]), trial
         took += int((live & lookup).sum())
         kept += int((live & ~lookup & keep & ~passive).sum())
         dropped += int((live & ~lookup & (~keep | passive)).sum())

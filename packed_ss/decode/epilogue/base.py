@@ -4,11 +4,10 @@ A decode step ends with acceptance, the correction or bonus draw, emit with the 
 length advance and the retain of the proposal suffix with its Q. Two objects implement it with the same
 calls and bit-identical results: `TorchEpilogue` (plain torch, the reference; it compiles with
 torch.compile) and `NativeEpilogue` (csrc/, one call per step). A schedule holds one of them and has a
-single update path. After the step, the next lookup draft (`lookup_draft`, a point mass `point_mass` when
-sampled) and the adaptive schedule's policy
-(its statistics: `observe`, `score_lookup`, `prefers_lookup`; its choice: `choose`) go through the epilogue too:
-the native one runs them in C++ on the CPU (csrc/lookup.h, policy.h), where a few dozen small torch ops each would
-cost more than the rest of the step.
+single update path. After the step, the next draft (`lookup_draft`, taken by `take_lookup` with a point mass Q
+when sampled) and the adaptive schedule's policy (its statistics: `observe`, `score_lookup`, `prefers_lookup`; its
+choice: `choose`) go through the epilogue too: the native one runs them in C++ on the CPU (csrc/lookup.h,
+policy.h), where a few dozen small torch ops each would cost more than the rest of the step.
 
 What an epilogue consumes: the model's logits, processed by `rows(logits, sampling)` into the argmax of each row
 (greedy) or the truncated distribution of each row (sampled: `truncated_probs` with each request's settings, dense:
@@ -105,15 +104,16 @@ class Epilogue:
 
     def take_lookup(self, st: DecodeState, draft: torch.Tensor, length: torch.Tensor, order: torch.Tensor,
                     preferred: torch.Tensor, keep: torch.Tensor, passive: torch.Tensor, point_mass: bool) -> None:
-        """The adaptive schedule's next draft (Adaptive.redraft): an unfinished request takes its lookup `draft`
-        [B, W] (`length`) where one was found (`order` > 0), it is `preferred` to the proposals its call kept or none
-        were kept (`keep`), and the request is not quiet (`passive`), with a point mass Q if `point_mass`; otherwise
-        it keeps its proposals where it kept them and is not quiet, else it has no draft. `st.lookup_draft` says
-        which requests took a lookup draft."""
+        """The next draft of a schedule that drafts by lookup (Schedule.redraft, Adaptive.redraft): an unfinished
+        request takes its lookup `draft` [B, W] (`length`) where one was found (`order` > 0), it is `preferred` to the
+        proposals its call kept or none were kept (`keep`), and the request is not quiet (`passive`), with a point
+        mass Q if `point_mass`; otherwise it keeps its proposals where it kept them and is not quiet, else it has no
+        draft. `st.lookup_draft` says which requests took a lookup draft, where the state has those flags (the
+        adaptive schedule's)."""
         lookup = (order > 0) & (preferred | ~keep) & ~passive
+        flags = {"lookup_draft": lookup} if hasattr(st, "lookup_draft") else {}
         st.assign(~st.done, draft=torch.where(lookup[:, None], draft, st.draft),
-                  draft_len=torch.where(lookup, length, torch.where(keep & ~passive, st.draft_len, 0)),
-                  lookup_draft=lookup)
+                  draft_len=torch.where(lookup, length, torch.where(keep & ~passive, st.draft_len, 0)), **flags)
         if point_mass:
             self.point_mass(st, draft, lookup & ~st.done)
 

@@ -24,6 +24,15 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def _stored_q(st: DecodeState, draft: torch.Tensor, what: str) -> tuple[int, int]:
+    """(pointer, bits) of the stored Q that a lookup draft [B, W] writes its point mass to; ValueError where it is
+    not contiguous or not W wide."""
+    _check_contiguous(st.q_prob)
+    if draft.shape[1] != st.q_prob.shape[1]:
+        raise ValueError(f"{what}: the draft is {draft.shape[1]} wide, the stored Q {st.q_prob.shape[1]}")
+    return st.q_prob.data_ptr(), 8 * st.q_prob.element_size()
+
+
 def _row_stride(t: torch.Tensor, what: str) -> int:
     """Request-to-request stride, in rows, of rows t [B, R] (argmax) or [B, R, K] (distributions) whose rows
     are contiguous within a request: a contiguous tensor, or a slice along dim 1 of one. ValueError otherwise."""
@@ -108,11 +117,8 @@ class NativeEpilogue(Epilogue):
         if self.cuda or torch.compiler.is_compiling():
             return super().point_mass(st, draft, rows)
         draft, rows = _contiguous(draft, rows)
-        _check_contiguous(st.q_prob)
-        if draft.shape[1] != st.q_prob.shape[1]:
-            raise ValueError(f"point_mass: the draft is {draft.shape[1]} wide, the stored Q {st.q_prob.shape[1]}")
-        self.mod.point_mass_cpu(st.q_prob.data_ptr(), 8 * st.q_prob.element_size(), draft.data_ptr(), rows.data_ptr(),
-                                st.batch, draft.shape[1], st.q_prob.shape[2])
+        self.mod.point_mass_cpu(*_stored_q(st, draft, "point_mass"), draft.data_ptr(), rows.data_ptr(), st.batch,
+                                draft.shape[1], st.q_prob.shape[2])
 
     def take_lookup(self, st: DecodeState, draft: torch.Tensor, length: torch.Tensor, order: torch.Tensor,
                     preferred: torch.Tensor, keep: torch.Tensor, passive: torch.Tensor, point_mass: bool) -> None:
@@ -122,10 +128,11 @@ class NativeEpilogue(Epilogue):
         if draft.shape[1] != st.draft.shape[1]:
             raise ValueError(f"take_lookup: the draft is {draft.shape[1]} wide, the state's {st.draft.shape[1]}")
         rows = _contiguous(draft, length, order, preferred, keep, passive)
-        _check_contiguous(st.done, st.draft, st.draft_len, st.lookup_draft, *([st.q_prob] if point_mass else []))
-        self.mod.take_lookup_cpu(*(t.data_ptr() for t in (*rows, st.done, st.draft, st.draft_len, st.lookup_draft)),
-                                 st.batch, draft.shape[1], st.q_prob.data_ptr() if point_mass else 0,
-                                 8 * st.q_prob.element_size(), st.q_prob.shape[2])
+        flags = getattr(st, "lookup_draft", None)
+        _check_contiguous(st.done, st.draft, st.draft_len, *([] if flags is None else [flags]))
+        q_prob, bits = _stored_q(st, draft, "take_lookup") if point_mass else (0, 0)
+        self.mod.take_lookup_cpu(*(t.data_ptr() for t in (*rows, st.done, st.draft, st.draft_len)), _ptr(flags),
+                                 st.batch, draft.shape[1], q_prob, bits, st.q_prob.shape[2])
 
     def _torch_policy(self, policy, method: str) -> bool:
         """Whether the policy's `method` runs as torch ops: on CUDA, in a step being compiled, and for a policy

@@ -98,12 +98,13 @@ class Adaptive(Schedule):
         there is no draft. Then requests that sat the step out (`held`: which, and their RNG offsets before it)
         rejoin unchanged, and the policy scores the lookup draft and chooses."""
         passive = torch.zeros_like(st.done) if passive is None else passive
+        keep = torch.zeros_like(st.done) if keep is None else keep
         if self.looks_up:
             draft, length, order = self.epilogue.lookup_draft(st, self.width)
+            preferred = self.epilogue.prefers_lookup(self.policy, st, length, order)
         else:
             draft, length, order = st.draft, st.draft_len, torch.zeros_like(st.draft_len)
-        keep = torch.zeros_like(st.done) if keep is None else keep
-        preferred = self.epilogue.prefers_lookup(self.policy, st, length, order)
+            preferred = torch.zeros_like(st.done)
         self.epilogue.take_lookup(st, draft, length, order, preferred, keep, passive, self.sampled and self.looks_up)
         if self.looks_up:
             self.epilogue.score_lookup(self.policy, st, draft, length, order, passive)

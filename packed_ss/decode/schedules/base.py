@@ -85,12 +85,10 @@ class Schedule(Program):
         if not self.looks_up:
             return
         draft, length, order = self.epilogue.lookup_draft(st, self.width)
-        found = order > 0
-        otherwise = st.draft_len if self.draft_source == "both" else torch.zeros_like(st.draft_len)
-        st.assign(~st.done, draft=torch.where(found[:, None], draft, st.draft),
-                  draft_len=torch.where(found, length, otherwise))
-        if self.sampled:
-            self.epilogue.point_mass(st, draft, found & ~st.done)
+        everyone, no_one = torch.ones_like(st.done), torch.zeros_like(st.done)
+        keep = everyone if self.draft_source == "both" else no_one
+        self.epilogue.take_lookup(st, draft, length, order, preferred=everyone, keep=keep, passive=no_one,
+                                  point_mass=self.sampled)
 
     # -- the first call: prompt (causal, cached) plus W+1 masks (paper E.2) ---------------------------
     def prefill(self, *prompts: torch.Tensor, cached=None) -> Step:

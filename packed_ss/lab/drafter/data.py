@@ -23,6 +23,7 @@ from ..train.data import collect_py_files, is_heldout, stdlib_dir
 
 PIECE_LINES = 100
 TRAIN_SEQUENCES = 400
+GEN_BATCH = 8
 FUNCTION = re.compile(r'^( *)def [^\n]*:\n\1    ("""|\'\'\').*?\2\n', re.M | re.S)   # one-line signature, docstring
 
 
@@ -86,13 +87,19 @@ def function_prompts(texts: list[str], tokenizer, n: int, length: int, gen: torc
 def continuations(model, prompt_ids: list[list[int]], new_tokens: int, sampled_frac: float, seed: int,
                   desc: str) -> list[tuple[int, torch.Tensor]]:
     """(prompt length, prompt + continuation) per prompt: the first (1 - sampled_frac) share greedy, the rest
-    sampled at T = 1 with seed `seed + i`. Continuations end at the model's EOS."""
-    engine = Engine(model, schedule="packed", width=3)
+    sampled at T = 1 with seed `seed + i`. Continuations end at the model's EOS. The engine decodes GEN_BATCH
+    requests at a time, each exactly as alone."""
+    engine = Engine(model, schedule="ar")
     n_greedy = round(len(prompt_ids) * (1 - sampled_frac))
     out = []
     with progress(len(prompt_ids), desc, unit="seq") as bar:
-        for i, prompt in enumerate(prompt_ids):
-            res = engine.generate(prompt, new_tokens, temperature=0.0 if i < n_greedy else 1.0, seed=seed + i)
-            out.append((len(prompt), torch.tensor(prompt + res.tokens, device=model.device)))
-            bar.update()
+        for start in range(0, len(prompt_ids), GEN_BATCH):
+            chunk = prompt_ids[start:start + GEN_BATCH]
+            indices = range(start, start + len(chunk))
+            temperatures = [0.0 if i < n_greedy else 1.0 for i in indices]
+            seeds = [seed + i for i in indices]
+            results = engine.generate_batch(chunk, new_tokens, temperature=temperatures, seed=seeds)
+            out += [(len(prompt), torch.tensor(prompt + res.tokens, device=model.device))
+                    for prompt, res in zip(chunk, results)]
+            bar.update(len(chunk))
     return out

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 PARAMS = SamplingParams(1.0, top_k=4)
 LENGTH, WIDTH = 3, 1
 TIE_GAP = 1e-2
-SEEN = 0.2        # the share of outputs with a bonus token required: the adapter's drafts are accepted in 27%
+SEEN = 0.2        # the share of outputs with a bonus token required: 27% with the r = 8 adapter shipped until 12-08
 PROMPT = "def add(a, b):\n    return"
 
 
@@ -85,7 +85,8 @@ def test_a_broken_rule_on_the_real_model_is_flagged(smollm2, law, monkeypatch):
     test's power here: the adapter's drafts are far from the target (the bonus, one accepted draft, in 27% of the
     outputs), so rules that err only where Q and p overlap move the law little. Measured at N = 1,500: the
     correction drawn from p instead of max(p - Q, 0), p = 0.013; acceptance with probability p(d), as if Q were a
-    point mass, p = 0.029. The tiny model's tests (test_sampling_exactness.py) flag those."""
+    point mass, p = 0.029. The tiny model's tests (test_sampling_exactness.py) flag those. (These figures are the
+    r = 8 adapter's, shipped until 2026-12-08; with the r = 16 one this rule is flagged as well.)"""
     monkeypatch.setattr(torch_epilogue, "verify_sampled", bonus_from_q)
     p_value = follows(draw(*smollm2, epilogue="torch"), law, seen=SEEN)
     print(f"bonus_from_q: p = {p_value:.1e}")
